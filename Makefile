@@ -1,0 +1,28 @@
+# Two commands do everything on a fresh machine:
+#   make run    install, then run the main job (the local playground)
+#   make test   install, build the local control plane once (cached in ~/.cache/lorapool), run every test
+PYTHON ?= python3
+PIP ?= $(PYTHON) -m pip
+
+.PHONY: install run test lint crds unit
+
+install:
+	$(PIP) install --quiet --disable-pip-version-check -e '.[test]'
+
+run: install
+	lorapool plan -f examples/lorapool.yaml
+	lorapool render -f examples/lorapool.yaml
+
+lint:
+	ruff check operator tests bench
+	lint-imports
+
+crds:
+	lorapool crds --out crds
+
+unit: install
+	$(PYTHON) -m pytest -m "not cluster" -q
+
+test: install lint
+	@if [ -x scripts/build-control-plane ]; then scripts/build-control-plane; fi
+	$(PYTHON) -m pytest -q

@@ -1,0 +1,415 @@
+"""The lorapool.io/v1alpha1 API: LoRAPool and LoRAAdapter as pydantic models. Pure.
+
+One source of truth: the CRDs in ``crds/`` are generated from these models
+(`lorapool crds`), so a field's description here is what ``kubectl explain`` shows.
+Rules the OpenAPI schema can carry live in ``Field`` constraints; rules across
+fields are CEL expressions attached with ``cel()`` and enforced here too by
+validators, so `lorapool plan` refuses offline exactly what the API server refuses.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from lorapool.api.common import (
+    ADAPTER_NAME_PATTERN,
+    BASE_MODEL_SOURCE_PATTERN,
+    SHA256_PATTERN,
+    SOURCE_PATTERN,
+    Dtype,
+    RouterPolicy,
+)
+from lorapool.api.peft import VLLM_RANKS
+
+GROUP = "lorapool.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+AUTO = "auto"
+
+DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.11.0"
+DEFAULT_LORAPOOL_IMAGE = "ghcr.io/lorapool/lorapool:0.1.0"
+
+
+def cel(*rules: tuple[str, str]) -> dict[str, Any]:
+    """Attach CEL ``x-kubernetes-validations`` (rule, message) to a model or field schema."""
+    return {"x-kubernetes-validations": [{"rule": rule, "message": message} for rule, message in rules]}
+
+
+class Spec(BaseModel):
+    """Base of every API object: camelCase on the wire, unknown fields refused."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, alias_generator=None)
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+class Wire(Spec):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, alias_generator=_camel)
+
+
+class ModelArchitecture(Wire):
+    """Model dimensions, for a base model missing from lorapool's built-in table."""
+
+    hidden_size: int = Field(ge=1, description="Hidden size (config.json hidden_size).")
+    intermediate_size: int = Field(ge=1, description="MLP intermediate size (config.json intermediate_size).")
+    num_layers: int = Field(ge=1, description="Transformer layers (config.json num_hidden_layers).")
+    num_attention_heads: int = Field(ge=1, description="Attention heads (num_attention_heads).")
+    num_key_value_heads: int = Field(ge=1, description="KV heads (num_key_value_heads; GQA).")
+    head_dim: int | None = Field(default=None, ge=1, description="Per-head dim; default hidden_size/num_attention_heads.")
+    vocab_size: int = Field(ge=1, description="Vocabulary size (vocab_size).")
+    num_parameters: int = Field(ge=1, description="Total parameters, for the weights' memory (e.g. 8030261248).")
+    max_position_embeddings: int = Field(default=8192, ge=1, description="Longest context the model supports.")
+    embedding_lora: bool = Field(
+        default=True,
+        description="Whether vLLM allocates LoRA buffers for embeddings/LM head (true for Llama-style models).",
+    )
+
+
+class BaseModelSpec(Wire):
+    """The base model every replica loads once and every adapter shares."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        description="Model id served as the base (vLLM --served-model-name), e.g. meta-llama/Meta-Llama-3-8B-Instruct.",
+    )
+    source: str = Field(
+        pattern=BASE_MODEL_SOURCE_PATTERN,
+        description="Where the weights come from: hf://org/repo, s3://bucket/prefix, pvc://claim/path or file:///path.",
+    )
+    revision: str | None = Field(default=None, max_length=128, description="Hugging Face revision (branch, tag or commit).")
+    dtype: Dtype = Field(default=Dtype.AUTO, description="Weight dtype passed to vLLM --dtype.")
+    architecture: ModelArchitecture | None = Field(
+        default=None, description="Dimensions override; needed only for models lorapool does not know."
+    )
+
+
+class Toleration(Wire):
+    """A Kubernetes toleration (core/v1 Toleration)."""
+
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+GpuProduct = Literal["A100-80GB", "A100-40GB", "H100-80GB", "L40S"]
+
+
+class GpuSpec(Wire):
+    """The GPU each replica runs on; decides node placement and the memory budget."""
+
+    product: GpuProduct = Field(description="GPU model; pods land only on nodes whose GFD label matches.")
+    count: Literal[1, 2, 4, 8] = Field(default=1, description="GPUs per replica (vLLM --tensor-parallel-size).")
+    node_selector: dict[str, str] | None = Field(
+        default=None, description="Replaces the node selector derived from product (nvidia.com/gpu.product)."
+    )
+    tolerations: list[Toleration] | None = Field(
+        default=None, description="Replaces the default toleration of the nvidia.com/gpu taint."
+    )
+
+
+RankValue = Annotated[int, Field(ge=1, le=512)]
+
+
+class AdapterSpec(Wire):
+    """One LoRA adapter served by the pool."""
+
+    name: str = Field(
+        pattern=ADAPTER_NAME_PATTERN,
+        max_length=63,
+        description="Adapter id clients send as \"model\"; a DNS-1123 label.",
+    )
+    source: str = Field(
+        pattern=SOURCE_PATTERN,
+        description="PEFT adapter location: hf://org/repo, s3://bucket/prefix/, https://host/adapter.tar.gz, pvc://claim/path or file:///path.",
+    )
+    revision: str | None = Field(default=None, max_length=128, description="Revision (hf branch/tag/commit); a change hot-swaps the adapter.")
+    rank: int | None = Field(
+        default=None,
+        ge=1,
+        le=512,
+        description="LoRA rank r (largest of r and rank_pattern); read from adapter_config.json when omitted.",
+    )
+    sha256: str | None = Field(
+        default=None,
+        pattern=SHA256_PATTERN,
+        description="Expected sha256 (archive bytes, or adapter_model.safetensors for directories).",
+    )
+
+
+IntOrAuto = int | Literal["auto"]
+
+_RANKS_CEL = "[" + ", ".join(map(str, VLLM_RANKS)) + "]"
+_LORA_CEL = cel(
+    (
+        "!has(self.maxLoraRank) || (type(self.maxLoraRank) == string ? self.maxLoraRank == 'auto' "
+        f": self.maxLoraRank in {_RANKS_CEL})",
+        "maxLoraRank must be 'auto' or one of vLLM's ranks 1, 8, 16, 32, 64, 128, 256, 320, 512",
+    ),
+    (
+        "!has(self.maxLoras) || (type(self.maxLoras) == string ? self.maxLoras == 'auto' : self.maxLoras >= 1)",
+        "maxLoras must be 'auto' or an integer >= 1",
+    ),
+    (
+        "!has(self.maxCpuLoras) || (type(self.maxCpuLoras) == string ? self.maxCpuLoras == 'auto' "
+        ": self.maxCpuLoras >= 1)",
+        "maxCpuLoras must be 'auto' or an integer >= 1",
+    ),
+    (
+        "!has(self.maxLoras) || !has(self.maxCpuLoras) || type(self.maxLoras) == string "
+        "|| type(self.maxCpuLoras) == string || self.maxCpuLoras >= self.maxLoras",
+        "maxCpuLoras must be >= maxLoras (vLLM refuses to start otherwise)",
+    ),
+)
+
+
+class LoraSpec(Wire):
+    """vLLM LoRA sizing. 'auto' derives each value from the adapters' real ranks and the GPU."""
+
+    model_config = ConfigDict(json_schema_extra=_LORA_CEL)
+
+    max_loras: IntOrAuto = Field(
+        default=AUTO,
+        description="GPU adapter slots (vLLM --max-loras): most distinct adapters in one batch. 'auto' or a number.",
+        json_schema_extra={"x-kubernetes-int-or-string": True},
+    )
+    max_lora_rank: IntOrAuto = Field(
+        default=AUTO,
+        description="vLLM --max-lora-rank: 'auto' (smallest allowed rank >= the largest adapter rank) or one of 1, 8, 16, 32, 64, 128, 256, 320, 512.",
+        json_schema_extra={"x-kubernetes-int-or-string": True},
+    )
+    max_cpu_loras: IntOrAuto = Field(
+        default=AUTO,
+        description="vLLM --max-cpu-loras (CPU LRU cache of adapters): 'auto' (number of adapters, memory permitting) or a number >= maxLoras.",
+        json_schema_extra={"x-kubernetes-int-or-string": True},
+    )
+    dtype: Dtype = Field(default=Dtype.AUTO, description="vLLM --lora-dtype.")
+    target_modules: list[str] | None = Field(
+        default=None, description="vLLM --lora-target-modules: restricts LoRA buffers to these modules."
+    )
+    min_kv_cache_sequences: int = Field(
+        default=4,
+        ge=1,
+        le=4096,
+        description="auto maxLoras keeps the KV cache able to hold at least this many maxModelLen sequences.",
+    )
+    min_kv_cache_fraction: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=0.95,
+        description="auto maxLoras never lets LoRA buffers take more than 1-this of the memory the KV cache would have had.",
+    )
+
+    @field_validator("max_loras", "max_cpu_loras")
+    @classmethod
+    def _positive(cls, value: IntOrAuto, info: Any) -> IntOrAuto:
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"must be 'auto' or an integer >= 1, got {value}")
+        return value
+
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _vllm_rank(cls, value: IntOrAuto) -> IntOrAuto:
+        if isinstance(value, int) and value not in VLLM_RANKS:
+            allowed = ", ".join(map(str, VLLM_RANKS))
+            raise ValueError(f"{value} is not a vLLM rank; use 'auto' or one of {allowed}")
+        return value
+
+    @model_validator(mode="after")
+    def _cpu_holds_gpu(self) -> LoraSpec:
+        if isinstance(self.max_loras, int) and isinstance(self.max_cpu_loras, int) and self.max_cpu_loras < self.max_loras:
+            raise ValueError(
+                f"maxCpuLoras={self.max_cpu_loras} is below maxLoras={self.max_loras}; "
+                "vLLM refuses to start: set maxCpuLoras >= maxLoras or 'auto'"
+            )
+        return self
+
+
+class EnvVar(Wire):
+    """A container environment variable (core/v1 EnvVar; valueFrom passed through)."""
+
+    name: str = Field(min_length=1)
+    value: str | None = None
+    value_from: dict[str, Any] | None = None
+
+
+class VllmSpec(Wire):
+    """The vLLM engine container."""
+
+    image: str = Field(default=DEFAULT_VLLM_IMAGE, min_length=1, description="vLLM OpenAI server image.")
+    max_model_len: int | None = Field(
+        default=None, ge=16, description="vLLM --max-model-len; default: the model's context length, at most 8192."
+    )
+    gpu_memory_utilization: float = Field(
+        default=0.9, gt=0.1, le=0.99, description="vLLM --gpu-memory-utilization: fraction of GPU memory vLLM may use."
+    )
+    max_num_seqs: int = Field(default=256, ge=1, le=4096, description="vLLM --max-num-seqs: most sequences in a batch.")
+    extra_args: list[str] = Field(default_factory=list, description="More vLLM flags, appended verbatim (e.g. --enable-prefix-caching).")
+    env: list[EnvVar] = Field(default_factory=list, description="Extra environment for the vLLM container.")
+    resources: dict[str, Any] | None = Field(
+        default=None,
+        description="Container resources (core/v1 ResourceRequirements); nvidia.com/gpu is always set from gpu.count.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True, "type": "object"},
+    )
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_managed_flags(cls, args: list[str]) -> list[str]:
+        managed = {
+            "--enable-lora", "--max-loras", "--max-lora-rank", "--max-cpu-loras", "--port",
+            "--tensor-parallel-size", "--served-model-name", "--max-model-len",
+            "--gpu-memory-utilization", "--lora-dtype", "--max-num-seqs",
+        }
+        for arg in args:
+            flag = arg.split("=", 1)[0]
+            if flag in managed:
+                raise ValueError(f"{flag} is set by lorapool; use the matching spec field instead of extraArgs")
+        return args
+
+
+class RouterSpec(Wire):
+    """The pool's adapter-aware router: its one OpenAI endpoint."""
+
+    replicas: int = Field(default=1, ge=0, le=100, description="Router replicas.")
+    policy: RouterPolicy = Field(default=RouterPolicy.AFFINITY, description="Scheduling policy.")
+    image: str | None = Field(default=None, description="lorapool image for the router; default: the operator's.")
+
+
+class SecretKeyRef(Wire):
+    """A key in a Secret in the pool's namespace."""
+
+    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", max_length=253)
+    key: str = Field(min_length=1, max_length=253)
+
+
+class S3Credentials(Wire):
+    """S3-compatible store access for adapter and model sources."""
+
+    secret_name: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.",
+    )
+    endpoint: str | None = Field(default=None, pattern=r"^https?://", description="S3 endpoint URL (MinIO, Ceph, R2...).")
+    region: str | None = Field(default=None, description="S3 region.")
+
+
+class Credentials(Wire):
+    """Secrets used to read models and adapters; never logged nor copied into status."""
+
+    hugging_face: SecretKeyRef | None = Field(default=None, description="Secret key holding HF_TOKEN.")
+    s3: S3Credentials | None = None
+
+
+class SidecarSpec(Wire):
+    """The adapter-sync sidecar in every engine pod."""
+
+    image: str | None = Field(default=None, description="lorapool image for the sidecar; default: the operator's.")
+    resources: dict[str, Any] | None = Field(
+        default=None,
+        description="Container resources (core/v1 ResourceRequirements).",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True, "type": "object"},
+    )
+
+
+class LoRAPoolSpec(Wire):
+    """A base model served by replicas, plus the LoRA adapters they share."""
+
+    base_model: BaseModelSpec = Field(description="The base model.")
+    gpu: GpuSpec = Field(description="GPU per replica.")
+    replicas: int = Field(default=1, ge=0, le=1000, description="Engine replicas (scale subresource).")
+    adapters: list[AdapterSpec] = Field(
+        default_factory=list,
+        max_length=5000,
+        description="Inline adapters; LoRAAdapter objects with spec.poolRef add more.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    lora: LoraSpec = Field(default_factory=LoraSpec, description="vLLM LoRA sizing.")
+    vllm: VllmSpec = Field(default_factory=VllmSpec, description="vLLM engine settings.")
+    router: RouterSpec = Field(default_factory=RouterSpec, description="Router settings.")
+    sidecar: SidecarSpec = Field(default_factory=SidecarSpec, description="Adapter-sync sidecar settings.")
+    credentials: Credentials | None = Field(default=None, description="Secrets for model and adapter sources.")
+
+    @field_validator("adapters")
+    @classmethod
+    def _unique_names(cls, adapters: list[AdapterSpec]) -> list[AdapterSpec]:
+        seen: set[str] = set()
+        for index, adapter in enumerate(adapters):
+            if adapter.name in seen:
+                raise ValueError(f"[{index}].name={adapter.name!r} is a duplicate; adapter names must be unique in a pool")
+            seen.add(adapter.name)
+        return adapters
+
+
+class ObjectMeta(Spec):
+    """The part of metadata lorapool reads."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=40)
+    namespace: str = Field(default="default", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
+    uid: str | None = None
+    generation: int | None = None
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+
+
+class LoRAPool(Spec):
+    """A LoRAPool resource as read from YAML or the API server."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    api_version: Literal["lorapool.io/v1alpha1"] = Field(default=API_VERSION, alias="apiVersion")
+    kind: Literal["LoRAPool"] = "LoRAPool"
+    metadata: ObjectMeta
+    spec: LoRAPoolSpec
+
+
+class PoolRef(Wire):
+    """The LoRAPool (same namespace) an adapter joins."""
+
+    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=40)
+
+
+class LoRAAdapterSpec(Wire):
+    """One adapter owned by one team, attached to a pool; its id is metadata.name."""
+
+    pool_ref: PoolRef = Field(description="The pool that serves this adapter.")
+    source: str = Field(pattern=SOURCE_PATTERN, description=AdapterSpec.model_fields["source"].description)
+    revision: str | None = Field(default=None, max_length=128, description=AdapterSpec.model_fields["revision"].description)
+    rank: int | None = Field(default=None, ge=1, le=512, description=AdapterSpec.model_fields["rank"].description)
+    sha256: str | None = Field(default=None, pattern=SHA256_PATTERN, description=AdapterSpec.model_fields["sha256"].description)
+
+
+class AdapterMeta(ObjectMeta):
+    """LoRAAdapter names are adapter ids, so they must be DNS-1123 labels."""
+
+    name: str = Field(pattern=ADAPTER_NAME_PATTERN, max_length=63)
+
+
+class LoRAAdapter(Spec):
+    """A LoRAAdapter resource as read from YAML or the API server."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    api_version: Literal["lorapool.io/v1alpha1"] = Field(default=API_VERSION, alias="apiVersion")
+    kind: Literal["LoRAAdapter"] = "LoRAAdapter"
+    metadata: AdapterMeta
+    spec: LoRAAdapterSpec
+
+    def as_adapter(self) -> AdapterSpec:
+        """The inline form, so pools treat both kinds of adapters the same way."""
+        return AdapterSpec(
+            name=self.metadata.name,
+            source=self.spec.source,
+            revision=self.spec.revision,
+            rank=self.spec.rank,
+            sha256=self.spec.sha256,
+        )

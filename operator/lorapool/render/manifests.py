@@ -1,0 +1,420 @@
+"""Render a pool and its plan into the Kubernetes objects the operator applies. Pure.
+
+``render_pool`` is what `lorapool render` prints and what the operator server-side
+applies, object for object, so a GitOps review of the output is a review of the
+cluster. Adapters change only the ``<pool>-adapters`` ConfigMap (the sidecars hot-load
+them); the engine pod template changes, and pods roll, only when vLLM's flags do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from lorapool.api.adapterset import CONFIGMAP_KEY, AdapterSet, DesiredAdapter
+from lorapool.api.models import DEFAULT_LORAPOOL_IMAGE, LoRAPool
+from lorapool.plan.adapters import PoolAdapter
+from lorapool.plan.gpus import GPU_PRODUCT_LABEL, GPU_RESOURCE, GPUS, GIB
+from lorapool.plan.planner import Plan, pod_memory_bytes
+from lorapool.render import names
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    """What the renderer needs beyond the pool: set by the operator from its own config."""
+
+    lorapool_image: str = DEFAULT_LORAPOOL_IMAGE
+    image_pull_policy: str = "IfNotPresent"
+
+
+def render_pool(pool: LoRAPool, plan: Plan, adapters: Sequence[PoolAdapter],
+                options: RenderOptions | None = None) -> list[Obj]:
+    """Every child object of ``pool``, in apply order."""
+    opts = options or RenderOptions()
+    objects = [
+        adapters_configmap(pool, plan, adapters),
+        engine_service(pool),
+        engine_deployment(pool, plan, adapters, opts),
+        engine_pdb(pool),
+        router_serviceaccount(pool),
+        router_role(pool),
+        router_rolebinding(pool),
+        router_service(pool),
+        router_deployment(pool, opts),
+    ]
+    return [_owned(pool, obj) for obj in objects]
+
+
+def _meta(pool: LoRAPool, name: str, component: str) -> Obj:
+    return {"name": name, "namespace": pool.metadata.namespace, "labels": names.labels(pool.metadata.name, component)}
+
+
+def _owned(pool: LoRAPool, obj: Obj) -> Obj:
+    """ownerReferences to the pool when it exists in a cluster (offline renders have no uid)."""
+    if pool.metadata.uid:
+        obj["metadata"]["ownerReferences"] = [
+            {
+                "apiVersion": pool.api_version,
+                "kind": "LoRAPool",
+                "name": pool.metadata.name,
+                "uid": pool.metadata.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    return obj
+
+
+def adapter_set(pool: LoRAPool, plan: Plan, adapters: Sequence[PoolAdapter]) -> AdapterSet:
+    return AdapterSet(
+        pool=pool.metadata.name,
+        base_model=pool.spec.base_model.name,
+        max_lora_rank=plan.max_lora_rank,
+        adapters=tuple(
+            DesiredAdapter(name=a.spec.name, source=a.spec.source, revision=a.spec.revision,
+                           sha256=a.spec.sha256, rank=a.spec.rank)
+            for a in adapters
+        ),
+    )
+
+
+def adapters_configmap(pool: LoRAPool, plan: Plan, adapters: Sequence[PoolAdapter]) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(pool, names.adapters_configmap(pool.metadata.name), "adapters"),
+        "data": {CONFIGMAP_KEY: adapter_set(pool, plan, adapters).to_json()},
+    }
+
+
+def engine_args(pool: LoRAPool, plan: Plan) -> list[str]:
+    """`vllm serve` arguments; every flag is one vLLM's own parser accepts."""
+    spec = pool.spec
+    args = [
+        _model_arg(pool),
+        "--served-model-name", spec.base_model.name,
+        "--host", "0.0.0.0",
+        "--port", str(names.ENGINE_PORT),
+        "--dtype", spec.base_model.dtype.value,
+        "--max-model-len", str(plan.max_model_len),
+        "--gpu-memory-utilization", str(spec.vllm.gpu_memory_utilization),
+        "--tensor-parallel-size", str(plan.tensor_parallel_size),
+        "--max-num-seqs", str(spec.vllm.max_num_seqs),
+        "--enable-lora",
+        "--max-loras", str(plan.max_loras),
+        "--max-lora-rank", str(plan.max_lora_rank),
+        "--max-cpu-loras", str(plan.max_cpu_loras),
+        "--lora-dtype", spec.lora.dtype.value,
+    ]
+    if spec.lora.target_modules:
+        args += ["--lora-target-modules", *spec.lora.target_modules]
+    if spec.base_model.revision:
+        args += ["--revision", spec.base_model.revision]
+    if spec.base_model.source.startswith("s3://"):
+        args += ["--load-format", "runai_streamer"]
+    return args + list(spec.vllm.extra_args)
+
+
+def _model_arg(pool: LoRAPool) -> str:
+    source = pool.spec.base_model.source
+    if source.startswith("hf://"):
+        return source.removeprefix("hf://")
+    if source.startswith("pvc://"):
+        _, _, path = source.removeprefix("pvc://").partition("/")
+        return f"{names.MODELS_MOUNT}/base/{path}".rstrip("/")
+    if source.startswith("file://"):
+        return source.removeprefix("file://")
+    return source  # s3://, streamed by vLLM's runai_streamer load format
+
+
+def _credentials_env(pool: LoRAPool, *, hf: bool, s3: bool) -> list[Obj]:
+    creds = pool.spec.credentials
+    env: list[Obj] = []
+    if creds is None:
+        return env
+    if hf and creds.hugging_face:
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
+            "name": creds.hugging_face.name, "key": creds.hugging_face.key}}})
+    if s3 and creds.s3:
+        if creds.s3.secret_name:
+            for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+                env.append({"name": key, "valueFrom": {"secretKeyRef": {"name": creds.s3.secret_name, "key": key}}})
+        if creds.s3.endpoint:
+            env.append({"name": "AWS_ENDPOINT_URL", "value": creds.s3.endpoint})
+        if creds.s3.region:
+            env.append({"name": "AWS_REGION", "value": creds.s3.region})
+    return env
+
+
+def _restricted(read_only_root: bool) -> Obj:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": read_only_root,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def _node_placement(pool: LoRAPool) -> Obj:
+    gpu = pool.spec.gpu
+    placement: Obj = {}
+    if gpu.node_selector is not None:
+        placement["nodeSelector"] = dict(gpu.node_selector)
+    else:
+        placement["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [{
+                "key": GPU_PRODUCT_LABEL, "operator": "In", "values": list(GPUS[gpu.product].node_products)}]}]}}}
+    if gpu.tolerations is not None:
+        placement["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in gpu.tolerations]
+    else:
+        placement["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+    return placement
+
+
+def _engine_resources(pool: LoRAPool, plan: Plan) -> Obj:
+    spec = pool.spec
+    given = json.loads(json.dumps(spec.vllm.resources or {}))
+    memory = f"{pod_memory_bytes(spec, plan.memory.weights_bytes * plan.tensor_parallel_size) // GIB}Gi"
+    requests = {"cpu": str(4 * spec.gpu.count), "memory": memory, **(given.get("requests") or {})}
+    limits = {"memory": memory, **(given.get("limits") or {})}
+    gpus = str(spec.gpu.count)
+    requests[GPU_RESOURCE] = gpus
+    limits[GPU_RESOURCE] = gpus
+    return {"requests": requests, "limits": limits}
+
+
+def config_hash(template: Obj) -> str:
+    """Stable hash of a pod template; changes exactly when the pods must be replaced."""
+    return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def engine_deployment(pool: LoRAPool, plan: Plan, adapters: Sequence[PoolAdapter], opts: RenderOptions) -> Obj:
+    p = pool.metadata.name
+    spec = pool.spec
+    lorapool_image = spec.sidecar.image or opts.lorapool_image
+    volumes: list[Obj] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{8 * spec.gpu.count}Gi"}},
+        {"name": "adapters", "emptyDir": {}},
+        {"name": "adapters-config", "configMap": {"name": names.adapters_configmap(p)}},
+        {"name": "models", "emptyDir": {}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    model_mounts: list[Obj] = [{"name": "models", "mountPath": names.MODELS_MOUNT}]
+    if spec.base_model.source.startswith("pvc://"):
+        claim = spec.base_model.source.removeprefix("pvc://").split("/", 1)[0]
+        volumes.append({"name": "base-model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
+        model_mounts.append({"name": "base-model", "mountPath": f"{names.MODELS_MOUNT}/base", "readOnly": True})
+    for adapter in adapters:
+        if adapter.spec.source.startswith("pvc://"):
+            claim = adapter.spec.source.removeprefix("pvc://").split("/", 1)[0]
+            if not any(v["name"] == f"pvc-{claim}" for v in volumes):
+                volumes.append({"name": f"pvc-{claim}", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
+
+    pvc_mounts = [{"name": v["name"], "mountPath": f"/mnt/pvc/{v['name'].removeprefix('pvc-')}", "readOnly": True}
+                  for v in volumes if v["name"].startswith("pvc-")]
+    env = [
+        {"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "true"},
+        {"name": "HF_HOME", "value": f"{names.MODELS_MOUNT}/hf"},
+        {"name": "HOME", "value": "/tmp"},
+        *_credentials_env(pool, hf=True, s3=True),
+        *[e.model_dump(by_alias=True, exclude_none=True) for e in spec.vllm.env],
+    ]
+    probe = {"httpGet": {"path": "/health", "port": "http"}}
+    engine: Obj = {
+        "name": "vllm",
+        "image": spec.vllm.image,
+        "imagePullPolicy": opts.image_pull_policy,
+        "command": ["vllm", "serve"],
+        "args": engine_args(pool, plan),
+        "env": env,
+        "ports": [{"name": "http", "containerPort": names.ENGINE_PORT, "protocol": "TCP"}],
+        "resources": _engine_resources(pool, plan),
+        "startupProbe": {**probe, "periodSeconds": 10, "failureThreshold": 180, "timeoutSeconds": 5},
+        "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 3, "timeoutSeconds": 5},
+        "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 6, "timeoutSeconds": 5},
+        "volumeMounts": [
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "adapters", "mountPath": names.ADAPTERS_MOUNT, "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+            *model_mounts,
+            *pvc_mounts,
+        ],
+        # vLLM compiles kernels into ~/.cache and /tmp, so its root filesystem stays writable.
+        "securityContext": _restricted(read_only_root=False),
+    }
+    sidecar: Obj = {
+        "name": "adapter-sync",
+        "image": lorapool_image,
+        "imagePullPolicy": opts.image_pull_policy,
+        "args": [
+            "sidecar",
+            "--config", f"{names.ADAPTERS_CONFIG_MOUNT}/{CONFIGMAP_KEY}",
+            "--engine", f"http://127.0.0.1:{names.ENGINE_PORT}",
+            "--adapter-dir", names.ADAPTERS_MOUNT,
+            "--host", "0.0.0.0",
+            "--status-port", str(names.SIDECAR_STATUS_PORT),
+        ],
+        "env": [
+            {"name": "HF_HOME", "value": "/tmp/hf"},
+            *_credentials_env(pool, hf=True, s3=True),
+        ],
+        "ports": [{"name": "sidecar", "containerPort": names.SIDECAR_STATUS_PORT, "protocol": "TCP"}],
+        "resources": spec.sidecar.resources or {
+            "requests": {"cpu": "100m", "memory": "256Mi"},
+            "limits": {"memory": "1Gi"},
+        },
+        "readinessProbe": {"httpGet": {"path": "/healthz", "port": "sidecar"}, "periodSeconds": 10},
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "sidecar"}, "periodSeconds": 20,
+                          "failureThreshold": 3},
+        "volumeMounts": [
+            {"name": "adapters", "mountPath": names.ADAPTERS_MOUNT},
+            # Mounted without subPath so ConfigMap updates reach the running sidecar.
+            {"name": "adapters-config", "mountPath": names.ADAPTERS_CONFIG_MOUNT, "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+            *pvc_mounts,
+        ],
+        "securityContext": _restricted(read_only_root=True),
+    }
+    pod_spec: Obj = {
+        "enableServiceLinks": False,  # a Service named "vllm" would inject VLLM_PORT and break vLLM
+        "automountServiceAccountToken": False,  # neither vLLM nor the sidecar talks to the API
+        "terminationGracePeriodSeconds": 60,
+        "securityContext": {"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+        **_node_placement(pool),
+        "containers": [engine, sidecar],
+        "volumes": volumes,
+    }
+    template: Obj = {"metadata": {"labels": names.labels(p, "engine")}, "spec": pod_spec}
+    template["metadata"]["annotations"] = {names.CONFIG_HASH_ANNOTATION: config_hash(template)}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(pool, names.engine(p), "engine"),
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": names.selector(p, "engine")},
+            # GPUs are scarce: replace pods in place instead of surging onto GPUs that may not exist.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+            "template": template,
+        },
+    }
+
+
+def engine_service(pool: LoRAPool) -> Obj:
+    p = pool.metadata.name
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(pool, names.engine_service(p), "engine"),
+        "spec": {
+            "clusterIP": "None",  # headless: the router discovers pods through its EndpointSlices
+            "selector": names.selector(p, "engine"),
+            "ports": [
+                {"name": "http", "port": names.ENGINE_PORT, "targetPort": "http", "protocol": "TCP"},
+                {"name": "sidecar", "port": names.SIDECAR_STATUS_PORT, "targetPort": "sidecar", "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def engine_pdb(pool: LoRAPool) -> Obj:
+    p = pool.metadata.name
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _meta(pool, names.engine(p), "engine"),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": names.selector(p, "engine")}},
+    }
+
+
+def router_serviceaccount(pool: LoRAPool) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _meta(pool, names.router(pool.metadata.name), "router"),
+        "automountServiceAccountToken": True,
+    }
+
+
+def router_role(pool: LoRAPool) -> Obj:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _meta(pool, names.router(pool.metadata.name), "router"),
+        "rules": [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+                   "verbs": ["get", "list", "watch"]}],
+    }
+
+
+def router_rolebinding(pool: LoRAPool) -> Obj:
+    name = names.router(pool.metadata.name)
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _meta(pool, name, "router"),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": pool.metadata.namespace}],
+    }
+
+
+def router_service(pool: LoRAPool) -> Obj:
+    p = pool.metadata.name
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(pool, names.router_service(p), "router"),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": names.selector(p, "router"),
+            "ports": [{"name": "http", "port": names.ROUTER_PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def router_deployment(pool: LoRAPool, opts: RenderOptions) -> Obj:
+    p = pool.metadata.name
+    ns = pool.metadata.namespace
+    router = pool.spec.router
+    probe = {"httpGet": {"path": "/health", "port": "http"}}
+    container: Obj = {
+        "name": "router",
+        "image": router.image or opts.lorapool_image,
+        "imagePullPolicy": opts.image_pull_policy,
+        "args": [
+            "router",
+            "--host", "0.0.0.0",
+            "--port", str(names.ROUTER_PORT),
+            "--endpointslices", f"{ns}/{names.engine_service(p)}",
+            "--policy", router.policy.value,
+        ],
+        "ports": [{"name": "http", "containerPort": names.ROUTER_PORT, "protocol": "TCP"}],
+        "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        "readinessProbe": {**probe, "periodSeconds": 5},
+        "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 3},
+        "securityContext": _restricted(read_only_root=True),
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(pool, names.router(p), "router"),
+        "spec": {
+            "replicas": router.replicas,
+            "selector": {"matchLabels": names.selector(p, "router")},
+            "template": {
+                "metadata": {"labels": names.labels(p, "router")},
+                "spec": {
+                    "serviceAccountName": names.router(p),
+                    "enableServiceLinks": False,
+                    "securityContext": {"runAsUser": 1000, "runAsGroup": 1000,
+                                        "seccompProfile": {"type": "RuntimeDefault"}},
+                    "containers": [container],
+                },
+            },
+        },
+    }

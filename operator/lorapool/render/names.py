@@ -1,0 +1,61 @@
+"""Every Kubernetes object name and label lorapool uses, derived from the pool. Pure.
+
+One module owns names so the renderer, the operator, the router and the tests agree.
+"""
+
+from __future__ import annotations
+
+ENGINE_PORT = 8000
+SIDECAR_STATUS_PORT = 8081
+ROUTER_PORT = 8000
+CONFIG_HASH_ANNOTATION = "lorapool.io/config-hash"
+POOL_LABEL = "lorapool.io/pool"
+FIELD_MANAGER = "lorapool-operator"
+ADAPTERS_MOUNT = "/adapters"
+ADAPTERS_CONFIG_MOUNT = "/etc/lorapool"
+MODELS_MOUNT = "/models"
+
+
+def engine(pool: str) -> str:
+    return f"{pool}-engine"
+
+
+def engine_service(pool: str) -> str:
+    return f"{pool}-engine"
+
+
+def router(pool: str) -> str:
+    return f"{pool}-router"
+
+
+def router_service(pool: str) -> str:
+    return pool
+
+
+def adapters_configmap(pool: str) -> str:
+    return f"{pool}-adapters"
+
+
+def labels(pool: str, component: str) -> dict[str, str]:
+    """Recommended app.kubernetes.io labels plus the pool label the operator watches by."""
+    return {
+        "app.kubernetes.io/name": "lorapool",
+        "app.kubernetes.io/instance": pool,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/part-of": "lorapool",
+        "app.kubernetes.io/managed-by": "lorapool-operator",
+        POOL_LABEL: pool,
+    }
+
+
+def selector(pool: str, component: str) -> dict[str, str]:
+    """The immutable subset of labels used by Deployment selectors and Services."""
+    return {"app.kubernetes.io/instance": pool, "app.kubernetes.io/component": component, POOL_LABEL: pool}
+
+
+def selector_string(pool: str, component: str) -> str:
+    return ",".join(f"{k}={v}" for k, v in selector(pool, component).items())
+
+
+def endpoint(pool: str, namespace: str) -> str:
+    return f"http://{router_service(pool)}.{namespace}.svc:{ROUTER_PORT}/v1"

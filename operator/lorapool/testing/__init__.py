@@ -1,0 +1,1 @@
+"""Helpers that make real artefacts for tests, benchmarks and the local playground."""
