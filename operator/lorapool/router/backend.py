@@ -1,0 +1,72 @@
+"""What a routing policy may read about a request and a backend. Pure.
+
+A ``Backend`` is a read-only view built by ``state.BackendState.view`` for one decision; its
+mappings are live views that stay valid for the duration of one ``Policy.choose`` call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Set
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """The part of an OpenAI request that routing needs."""
+
+    model: str
+    # False for the base model: it runs without a LoRA slot.
+    is_adapter: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    """One vLLM replica as the router sees it at decision time."""
+
+    id: str
+    up: bool = True
+    # GPU LoRA slots (vLLM --max-loras): the most distinct adapters in one running batch.
+    max_loras: int = 1
+    # Models the replica serves (/v1/models ids); None until first polled (assume any).
+    models: Set[str] | None = None
+    # adapter -> requests in flight or running on the replica (router's own plus foreign).
+    active: Mapping[str, int] = field(default_factory=dict)
+    # Adapters that probably still hold a GPU slot (recently run), so activating them is free.
+    warm: Set[str] = frozenset()
+    # Adapters that are probably in the replica's CPU LoRA cache (a ~ms load, not a disk load).
+    cached: Set[str] = frozenset()
+    # Requests in flight on the replica (router's own plus foreign running and waiting).
+    load: int = 0
+    # Fraction of the KV cache in use, 0..1 (vllm:kv_cache_usage_perc).
+    kv_usage: float = 0.0
+
+    def slots_used(self) -> int:
+        """Distinct adapters in flight: vLLM runs at most ``max_loras`` of them at once."""
+        return len(self.active)
+
+    def runs(self, model: str) -> bool:
+        """True when ``model`` is in flight here, so one more request needs no new slot."""
+        return model in self.active
+
+    def fits(self, req: Request) -> bool:
+        """True when the request can run here without exceeding the LoRA slots."""
+        return not req.is_adapter or self.runs(req.model) or self.slots_used() < self.max_loras
+
+
+class DecisionKind(StrEnum):
+    """How a routing decision related to the chosen backend's LoRA slots."""
+
+    HIT = "hit"  # the adapter was already in flight on the backend
+    FREE_SLOT = "free_slot"  # it was not, and the backend had a free slot
+    MISS = "miss"  # it was not and all slots were taken: the replica will queue or thrash
+    QUEUED = "queued"  # no backend fitted: the router held the request before binding it
+
+
+def classify(req: Request, backend: Backend) -> DecisionKind:
+    """Name a decision for the decisions metric (before the request is counted in flight)."""
+    if not req.is_adapter or backend.runs(req.model):
+        return DecisionKind.HIT
+    if backend.slots_used() < backend.max_loras:
+        return DecisionKind.FREE_SLOT
+    return DecisionKind.MISS

@@ -1,0 +1,49 @@
+"""Turn EndpointSlices into backend URLs. Pure.
+
+Reads ``discovery.k8s.io/v1`` EndpointSlice objects as plain (camelCase) dicts, keeps ready
+endpoints only (a missing ``ready`` condition means ready, as the API documents) and picks
+the port by name (else the only port, else the one named ``http``, else the first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+
+
+def _port(slice_: Mapping[str, Any], port_name: str | None) -> int | None:
+    ports = [p for p in slice_.get("ports") or () if isinstance(p, Mapping) and p.get("port")]
+    if not ports:
+        return None
+    if port_name:
+        named = [p for p in ports if p.get("name") == port_name]
+        return int(named[0]["port"]) if named else None
+    if len(ports) == 1:
+        return int(ports[0]["port"])
+    http = [p for p in ports if p.get("name") == "http"]
+    return int((http or ports)[0]["port"])
+
+
+def _host(address: str, address_type: str) -> str:
+    return f"[{address}]" if address_type == "IPv6" or ":" in address else address
+
+
+def backend_urls(
+    slices: Iterable[Mapping[str, Any]], *, port_name: str | None = None, scheme: str = "http"
+) -> list[str]:
+    """Sorted, de-duplicated URLs of the ready endpoints in ``slices``."""
+    urls: set[str] = set()
+    for slice_ in slices:
+        port = _port(slice_, port_name)
+        if port is None:
+            continue
+        address_type = str(slice_.get("addressType") or "IPv4")
+        for endpoint in slice_.get("endpoints") or ():
+            conditions = endpoint.get("conditions") or {}
+            if conditions.get("ready") is False:
+                continue
+            for address in (endpoint.get("addresses") or ())[:1]:  # all addresses are one pod
+                urls.add(f"{scheme}://{_host(str(address), address_type)}:{port}")
+    return sorted(urls)

@@ -1,0 +1,20 @@
+"""Keep backends that can run the adapter without exceeding their LoRA slots (the grouping rule).
+
+vLLM admits a request only when its adapter is already in the running batch or fewer than
+``max_loras`` adapters run; anything else waits inside the engine, out of order, and a slot
+change stalls the whole batch. So a backend is kept when the adapter is already in flight
+there or it has fewer than ``max_loras`` distinct adapters in flight. Reads ``active`` and
+``max_loras``. An empty result is not an error: the shell holds the request in the adapter's
+wait queue and binds it when a slot frees (or best-effort after a bounded wait).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from lorapool.router.backend import Backend, Request
+
+
+def lora_slots(req: Request, backends: Sequence[Backend]) -> Sequence[Backend]:
+    """Backends where the request fits in the LoRA slots; base-model requests always fit."""
+    return [b for b in backends if b.fits(req)]

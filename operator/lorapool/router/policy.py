@@ -1,0 +1,52 @@
+"""A routing policy: filters -> weighted scorers -> one picker. Pure.
+
+Filters drop backends that must not take the request; scorers rate the survivors in [0, 1]
+and carry a weight; the picker turns the weighted sums into one backend id. ``choose``
+returns None when a filter leaves nothing, which the shell turns into 503/404 or, for the
+LoRA-slot filter, into waiting in a per-adapter queue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from lorapool.router.backend import Backend, Request
+
+Filter = Callable[[Request, Sequence[Backend]], Sequence[Backend]]
+Scorer = Callable[[Request, Sequence[Backend]], Mapping[str, float]]  # backend id -> [0, 1]
+Picker = Callable[[Mapping[str, float]], str | None]
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A named composition of plugins; see ``policies`` for the ones the router ships."""
+
+    name: str
+    filters: tuple[Filter, ...]
+    scorers: tuple[tuple[Scorer, float], ...]
+    picker: Picker
+
+    def candidates(self, req: Request, backends: Sequence[Backend]) -> Sequence[Backend]:
+        """The backends that survive every filter (empty when one filter leaves none)."""
+        for keep in self.filters:
+            backends = keep(req, backends)
+            if not backends:
+                return ()
+        return backends
+
+    def scores(self, req: Request, backends: Sequence[Backend]) -> dict[str, float]:
+        """Weighted score per surviving backend; each scorer's output is clamped to [0, 1]."""
+        total = {b.id: 0.0 for b in backends}
+        for score, weight in self.scorers:
+            for bid, s in score(req, backends).items():
+                if bid in total:
+                    total[bid] += weight * min(max(s, 0.0), 1.0)
+        return total
+
+    def choose(self, req: Request, backends: Sequence[Backend]) -> str | None:
+        """The id of the backend to send ``req`` to, or None when no backend may take it."""
+        survivors = self.candidates(req, backends)
+        if not survivors:
+            return None
+        return self.picker(self.scores(req, survivors))

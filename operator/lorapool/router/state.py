@@ -1,0 +1,161 @@
+"""Per-backend accounting that feeds the policy: the router's own view plus the engine's. Pure.
+
+The router's own in-flight counts are exact and immediate; the engine's metrics are up to a
+poll old but include traffic from elsewhere (other router replicas, direct clients). Both
+are used: an adapter or request the engine reports that this router did not have in flight
+during the scrape is "foreign" and counted until the next scrape; what the router itself
+sent is counted from its own books only, so a request that just finished frees its slot at
+once instead of a poll later.
+
+The shell (``scheduler``, ``poller``) mutates a ``BackendState``; policies only see the
+``Backend`` view it builds. Not thread-safe: one event loop owns it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from itertools import islice
+from typing import Any
+
+from lorapool.router.backend import Backend
+from lorapool.router.engine_metrics import EngineMetrics
+
+# How many recently-run adapters to remember per backend (bounds memory with 1000s of adapters).
+RECENT_LIMIT = 4096
+
+
+class BackendState:
+    """Live state of one backend."""
+
+    def __init__(self, url: str, *, max_loras: int = 1, max_cpu_loras: int | None = None) -> None:
+        self.id = url
+        self.up = False  # until the first successful poll
+        self.down_reason = "not polled yet"
+        self.default_max_loras = max(1, max_loras)
+        self.reported_max_loras: int | None = None
+        self.max_cpu_loras = max_cpu_loras
+        self.models: frozenset[str] | None = None
+        self.base_models: frozenset[str] = frozenset()
+        self.cards: tuple[Mapping[str, Any], ...] = ()
+        self.kv_usage = 0.0
+        self.engine = EngineMetrics()
+        self.inflight_total = 0
+        self.adapter_inflight: dict[str, int] = {}
+        self.foreign_active: frozenset[str] = frozenset()
+        self.foreign_load = 0
+        # Adapters in the order they last ran here, most recent last (a guess at vLLM's LRUs).
+        self._recent: OrderedDict[str, None] = OrderedDict()
+        self._warm_cache: tuple[frozenset[str], frozenset[str]] | None = None
+        self._scrape: tuple[set[str], int] | None = None  # (adapters seen, peak in-flight)
+
+    @property
+    def max_loras(self) -> int:
+        """GPU LoRA slots: what the engine reports, else the configured default."""
+        return self.reported_max_loras or self.default_max_loras
+
+    # --- requests -------------------------------------------------------------------------
+    def begin(self, model: str, *, is_adapter: bool) -> None:
+        """Count a request the router just bound to this backend."""
+        self.inflight_total += 1
+        if is_adapter:
+            self.adapter_inflight[model] = self.adapter_inflight.get(model, 0) + 1
+            self._touch(model)
+        if self._scrape is not None:
+            seen, peak = self._scrape
+            if is_adapter:
+                seen.add(model)
+            self._scrape = (seen, max(peak, self.inflight_total))
+
+    def end(self, model: str, *, is_adapter: bool) -> None:
+        """Stop counting a request (finished, failed or cancelled)."""
+        self.inflight_total = max(0, self.inflight_total - 1)
+        if is_adapter:
+            left = self.adapter_inflight.get(model, 0) - 1
+            if left > 0:
+                self.adapter_inflight[model] = left
+            else:
+                self.adapter_inflight.pop(model, None)
+
+    # --- health ---------------------------------------------------------------------------
+    def mark_up(self) -> None:
+        self.up, self.down_reason = True, ""
+
+    def mark_down(self, reason: str) -> None:
+        """Take the backend out of rotation until a poll succeeds; forget foreign load."""
+        self.up, self.down_reason = False, reason
+        self.foreign_active, self.foreign_load = frozenset(), 0
+        self._scrape = None
+
+    # --- polls ----------------------------------------------------------------------------
+    def scrape_started(self) -> None:
+        """Remember what the router had in flight while the engine's metrics are taken."""
+        self._scrape = (set(self.adapter_inflight), self.inflight_total)
+
+    def apply_metrics(self, metrics: EngineMetrics) -> None:
+        """Fold one scrape in: foreign adapters and load, slots, KV usage, warm adapters."""
+        seen, peak = self._scrape if self._scrape is not None else (set(self.adapter_inflight), 0)
+        self._scrape = None
+        self.engine = metrics
+        self.kv_usage = metrics.kv_usage
+        if metrics.max_loras and metrics.max_loras != self.reported_max_loras:
+            self.reported_max_loras = metrics.max_loras
+            self._warm_cache = None
+        self.foreign_active = frozenset(metrics.active_adapters - seen)
+        self.foreign_load = max(0, metrics.running + metrics.waiting - peak)
+        for name in metrics.running_adapters - self.adapter_inflight.keys():
+            self._touch(name)
+
+    def apply_models(self, cards: Iterable[Mapping[str, Any]]) -> None:
+        """Fold in /v1/models: adapter cards have a ``parent``, base-model cards do not."""
+        kept = tuple(c for c in cards if isinstance(c.get("id"), str))
+        self.cards = kept
+        self.models = frozenset(str(c["id"]) for c in kept)
+        self.base_models = frozenset(str(c["id"]) for c in kept if not c.get("parent"))
+
+    def forget_model(self, model: str) -> None:
+        """The backend answered 404 for ``model``: stop routing it here until the next poll."""
+        if self.models is not None:
+            self.models = self.models - {model}
+
+    # --- the policy's view ----------------------------------------------------------------
+    def view(self) -> Backend:
+        """A ``Backend`` for one decision (shares live mappings; do not keep it)."""
+        active: Mapping[str, int] = self.adapter_inflight
+        if self.foreign_active:
+            merged = dict.fromkeys(self.foreign_active, 1)
+            merged.update(self.adapter_inflight)
+            active = merged
+        warm, cached = self._warm_and_cached()
+        return Backend(
+            id=self.id,
+            up=self.up,
+            max_loras=self.max_loras,
+            models=self.models,
+            active=active,
+            warm=warm,
+            cached=cached,
+            load=self.inflight_total + self.foreign_load,
+            kv_usage=self.kv_usage,
+        )
+
+    def _touch(self, model: str) -> None:
+        recent = self._recent
+        if model in recent:
+            if next(reversed(recent)) == model:
+                return
+            recent.move_to_end(model)
+        else:
+            recent[model] = None
+            if len(recent) > RECENT_LIMIT:
+                recent.popitem(last=False)
+        self._warm_cache = None
+
+    def _warm_and_cached(self) -> tuple[frozenset[str], frozenset[str]]:
+        if self._warm_cache is None:
+            newest = reversed(self._recent)
+            warm = frozenset(islice(newest, self.max_loras))
+            extra = max(0, (self.max_cpu_loras or 0) - self.max_loras)
+            cached = warm | frozenset(islice(newest, extra))
+            self._warm_cache = (warm, cached)
+        return self._warm_cache

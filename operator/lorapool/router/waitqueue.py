@@ -1,0 +1,88 @@
+"""Per-adapter wait queues: where requests that fit no backend's LoRA slots are held. Pure.
+
+Grouping: a request whose adapter is not running anywhere with room waits in its adapter's
+queue instead of being pushed onto a replica that would hold it behind other adapters. When
+a slot frees, the queue whose head has waited longest binds first (FIFO across adapters), and
+the rest of that adapter's queue then follows as hits on the same replica.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from itertools import count
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass
+class _Entry(Generic[T]):
+    since_s: float
+    seq: int
+    item: T
+
+
+@dataclass
+class WaitQueues(Generic[T]):
+    """FIFO queues keyed by model, with one limit on the total."""
+
+    limit: int
+    _queues: dict[str, deque[_Entry[T]]] = field(default_factory=dict)
+    _total: int = 0
+    _seq: Iterator[int] = field(default_factory=count)
+
+    def __len__(self) -> int:
+        return self._total
+
+    def depth(self, model: str) -> int:
+        """Requests waiting for ``model``."""
+        queue = self._queues.get(model)
+        return len(queue) if queue else 0
+
+    def depths(self) -> dict[str, int]:
+        """Waiting requests per model (models with none are absent)."""
+        return {m: len(q) for m, q in self._queues.items()}
+
+    def push(self, model: str, item: T, now_s: float) -> bool:
+        """Append; False (nothing queued) when the total limit is reached."""
+        if self._total >= self.limit:
+            return False
+        self._queues.setdefault(model, deque()).append(_Entry(now_s, next(self._seq), item))
+        self._total += 1
+        return True
+
+    def head(self, model: str) -> T | None:
+        """The oldest request for ``model``, without removing it."""
+        queue = self._queues.get(model)
+        return queue[0].item if queue else None
+
+    def pop(self, model: str) -> T:
+        """Remove and return the oldest request for ``model`` (KeyError when none)."""
+        queue = self._queues[model]
+        entry = queue.popleft()
+        if not queue:
+            del self._queues[model]
+        self._total -= 1
+        return entry.item
+
+    def remove(self, model: str, item: T) -> bool:
+        """Drop one request (it timed out or its client left); False if it was not queued."""
+        queue = self._queues.get(model)
+        if not queue:
+            return False
+        for entry in queue:
+            if entry.item is item:
+                queue.remove(entry)
+                if not queue:
+                    del self._queues[model]
+                self._total -= 1
+                return True
+        return False
+
+    def models_by_age(self, eligible: Callable[[str], bool] | None = None) -> list[str]:
+        """Models whose head may bind, the longest-waiting head first."""
+        heads = [(q[0].since_s, q[0].seq, m) for m, q in self._queues.items() if eligible is None or eligible(m)]
+        heads.sort()
+        return [m for _, _, m in heads]
