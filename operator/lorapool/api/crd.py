@@ -64,6 +64,10 @@ def _convert(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
             out[key] = {name: _convert(sub, defs) for name, sub in value.items()}
         elif key == "items":
             out[key] = _convert(value, defs)
+        elif key in ("exclusiveMinimum", "exclusiveMaximum"):
+            # JSON Schema's numeric form; OpenAPI v3.0 wants the bound plus a boolean flag.
+            out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
+            out[key] = True
         elif key == "const":
             out["enum"] = [value]
         elif key == "default":
@@ -80,8 +84,9 @@ def _convert(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _resource_schema(spec: type[BaseModel], status: type[BaseModel], description: str,
-                     root_rules: list[dict[str, str]]) -> dict[str, Any]:
+def _resource_schema(
+    spec: type[BaseModel], status: type[BaseModel], description: str, root_rules: list[dict[str, str]]
+) -> dict[str, Any]:
     status_schema = structural(status)
     # kopf and other controllers may add their own bookkeeping under status.
     status_schema["x-kubernetes-preserve-unknown-fields"] = True
@@ -101,8 +106,9 @@ def _resource_schema(spec: type[BaseModel], status: type[BaseModel], description
     }
 
 
-def _crd(kind: str, plural: str, short: str, schema: dict[str, Any], columns: list[dict[str, Any]],
-         scale: bool) -> dict[str, Any]:
+def _crd(
+    kind: str, plural: str, short: str, schema: dict[str, Any], columns: list[dict[str, Any]], scale: bool
+) -> dict[str, Any]:
     subresources: dict[str, Any] = {"status": {}}
     if scale:
         subresources["scale"] = {
@@ -177,7 +183,7 @@ def loraadapter_crd() -> dict[str, Any]:
         LoRAAdapterSpec,
         LoRAAdapterStatus,
         "LoRAAdapter adds one LoRA adapter to a LoRAPool (spec.poolRef); its metadata.name is the "
-        "adapter id clients send as \"model\". Lets teams add adapters without editing the pool.",
+        'adapter id clients send as "model". Lets teams add adapters without editing the pool.',
         [
             {
                 "rule": "size(self.metadata.name) <= 63 && self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')",

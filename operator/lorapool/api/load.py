@@ -34,7 +34,11 @@ def describe(error: ValidationError, *, prefix: str = "") -> list[str]:
             message = message.replace(noise, "")
         if item["type"] == "extra_forbidden":
             message = "unknown field; check the spelling (kubectl explain lorapool.spec)"
-        elif "input" in item and item["type"] not in ("missing", "value_error") and not isinstance(item["input"], dict | list):
+        elif (
+            "input" in item
+            and item["type"] not in ("missing", "value_error")
+            and not isinstance(item["input"], dict | list)
+        ):
             message += f" (got {item['input']!r})"
         lines.append(f"{path}: {message}")
     return _dedupe(lines)

@@ -60,7 +60,9 @@ class ModelArchitecture(Wire):
     num_layers: int = Field(ge=1, description="Transformer layers (config.json num_hidden_layers).")
     num_attention_heads: int = Field(ge=1, description="Attention heads (num_attention_heads).")
     num_key_value_heads: int = Field(ge=1, description="KV heads (num_key_value_heads; GQA).")
-    head_dim: int | None = Field(default=None, ge=1, description="Per-head dim; default hidden_size/num_attention_heads.")
+    head_dim: int | None = Field(
+        default=None, ge=1, description="Per-head dim; default hidden_size/num_attention_heads."
+    )
     vocab_size: int = Field(ge=1, description="Vocabulary size (vocab_size).")
     num_parameters: int = Field(ge=1, description="Total parameters, for the weights' memory (e.g. 8030261248).")
     max_position_embeddings: int = Field(default=8192, ge=1, description="Longest context the model supports.")
@@ -82,7 +84,9 @@ class BaseModelSpec(Wire):
         pattern=BASE_MODEL_SOURCE_PATTERN,
         description="Where the weights come from: hf://org/repo, s3://bucket/prefix, pvc://claim/path or file:///path.",
     )
-    revision: str | None = Field(default=None, max_length=128, description="Hugging Face revision (branch, tag or commit).")
+    revision: str | None = Field(
+        default=None, max_length=128, description="Hugging Face revision (branch, tag or commit)."
+    )
     dtype: Dtype = Field(default=Dtype.AUTO, description="Weight dtype passed to vLLM --dtype.")
     architecture: ModelArchitecture | None = Field(
         default=None, description="Dimensions override; needed only for models lorapool does not know."
@@ -124,13 +128,15 @@ class AdapterSpec(Wire):
     name: str = Field(
         pattern=ADAPTER_NAME_PATTERN,
         max_length=63,
-        description="Adapter id clients send as \"model\"; a DNS-1123 label.",
+        description='Adapter id clients send as "model"; a DNS-1123 label.',
     )
     source: str = Field(
         pattern=SOURCE_PATTERN,
         description="PEFT adapter location: hf://org/repo, s3://bucket/prefix/, https://host/adapter.tar.gz, pvc://claim/path or file:///path.",
     )
-    revision: str | None = Field(default=None, max_length=128, description="Revision (hf branch/tag/commit); a change hot-swaps the adapter.")
+    revision: str | None = Field(
+        default=None, max_length=128, description="Revision (hf branch/tag/commit); a change hot-swaps the adapter."
+    )
     rank: int | None = Field(
         default=None,
         ge=1,
@@ -224,7 +230,11 @@ class LoraSpec(Wire):
 
     @model_validator(mode="after")
     def _cpu_holds_gpu(self) -> LoraSpec:
-        if isinstance(self.max_loras, int) and isinstance(self.max_cpu_loras, int) and self.max_cpu_loras < self.max_loras:
+        if (
+            isinstance(self.max_loras, int)
+            and isinstance(self.max_cpu_loras, int)
+            and self.max_cpu_loras < self.max_loras
+        ):
             raise ValueError(
                 f"maxCpuLoras={self.max_cpu_loras} is below maxLoras={self.max_loras}; "
                 "vLLM refuses to start: set maxCpuLoras >= maxLoras or 'auto'"
@@ -251,7 +261,9 @@ class VllmSpec(Wire):
         default=0.9, gt=0.1, le=0.99, description="vLLM --gpu-memory-utilization: fraction of GPU memory vLLM may use."
     )
     max_num_seqs: int = Field(default=256, ge=1, le=4096, description="vLLM --max-num-seqs: most sequences in a batch.")
-    extra_args: list[str] = Field(default_factory=list, description="More vLLM flags, appended verbatim (e.g. --enable-prefix-caching).")
+    extra_args: list[str] = Field(
+        default_factory=list, description="More vLLM flags, appended verbatim (e.g. --enable-prefix-caching)."
+    )
     env: list[EnvVar] = Field(default_factory=list, description="Extra environment for the vLLM container.")
     resources: dict[str, Any] | None = Field(
         default=None,
@@ -263,9 +275,17 @@ class VllmSpec(Wire):
     @classmethod
     def _no_managed_flags(cls, args: list[str]) -> list[str]:
         managed = {
-            "--enable-lora", "--max-loras", "--max-lora-rank", "--max-cpu-loras", "--port",
-            "--tensor-parallel-size", "--served-model-name", "--max-model-len",
-            "--gpu-memory-utilization", "--lora-dtype", "--max-num-seqs",
+            "--enable-lora",
+            "--max-loras",
+            "--max-lora-rank",
+            "--max-cpu-loras",
+            "--port",
+            "--tensor-parallel-size",
+            "--served-model-name",
+            "--max-model-len",
+            "--gpu-memory-utilization",
+            "--lora-dtype",
+            "--max-num-seqs",
         }
         for arg in args:
             flag = arg.split("=", 1)[0]
@@ -297,7 +317,9 @@ class S3Credentials(Wire):
         pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
         description="Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.",
     )
-    endpoint: str | None = Field(default=None, pattern=r"^https?://", description="S3 endpoint URL (MinIO, Ceph, R2...).")
+    endpoint: str | None = Field(
+        default=None, pattern=r"^https?://", description="S3 endpoint URL (MinIO, Ceph, R2...)."
+    )
     region: str | None = Field(default=None, description="S3 region.")
 
 
@@ -343,7 +365,9 @@ class LoRAPoolSpec(Wire):
         seen: set[str] = set()
         for index, adapter in enumerate(adapters):
             if adapter.name in seen:
-                raise ValueError(f"[{index}].name={adapter.name!r} is a duplicate; adapter names must be unique in a pool")
+                raise ValueError(
+                    f"[{index}].name={adapter.name!r} is a duplicate; adapter names must be unique in a pool"
+                )
             seen.add(adapter.name)
         return adapters
 
@@ -383,9 +407,13 @@ class LoRAAdapterSpec(Wire):
 
     pool_ref: PoolRef = Field(description="The pool that serves this adapter.")
     source: str = Field(pattern=SOURCE_PATTERN, description=AdapterSpec.model_fields["source"].description)
-    revision: str | None = Field(default=None, max_length=128, description=AdapterSpec.model_fields["revision"].description)
+    revision: str | None = Field(
+        default=None, max_length=128, description=AdapterSpec.model_fields["revision"].description
+    )
     rank: int | None = Field(default=None, ge=1, le=512, description=AdapterSpec.model_fields["rank"].description)
-    sha256: str | None = Field(default=None, pattern=SHA256_PATTERN, description=AdapterSpec.model_fields["sha256"].description)
+    sha256: str | None = Field(
+        default=None, pattern=SHA256_PATTERN, description=AdapterSpec.model_fields["sha256"].description
+    )
 
 
 class AdapterMeta(ObjectMeta):

@@ -67,17 +67,14 @@ def parse_adapter_config(raw: Mapping[str, Any], *, where: str = "adapter_config
     problems: list[str] = []
     if rank > VLLM_RANKS[-1]:
         problems.append(
-            f"rank {rank} exceeds vLLM's largest --max-lora-rank {VLLM_RANKS[-1]}; "
-            f"retrain at <= {VLLM_RANKS[-1]}"
+            f"rank {rank} exceeds vLLM's largest --max-lora-rank {VLLM_RANKS[-1]}; retrain at <= {VLLM_RANKS[-1]}"
         )
     if use_dora:
         problems.append("use_dora=true: vLLM does not serve DoRA adapters; retrain without DoRA")
     if bias != "none":
         problems.append(f"bias={bias!r}: vLLM only serves adapters with bias='none'; retrain with bias='none'")
     if unsupported := sorted(set(modules_to_save) - _ALLOWED_MODULES_TO_SAVE):
-        problems.append(
-            f"modules_to_save={unsupported}: vLLM cannot load these; keep only embed_tokens/lm_head"
-        )
+        problems.append(f"modules_to_save={unsupported}: vLLM cannot load these; keep only embed_tokens/lm_head")
     alpha = raw.get("lora_alpha", r)
     return AdapterConfig(
         rank=rank,

@@ -33,7 +33,9 @@ class Condition(Status):
     reason: str = Field(default="", description="CamelCase reason for the last transition.")
     message: str = Field(default="", description="Human-readable details: what happened and what to do.")
     last_transition_time: str | None = Field(default=None, description="When status last changed (RFC 3339).")
-    observed_generation: int | None = Field(default=None, description="The generation this condition was computed from.")
+    observed_generation: int | None = Field(
+        default=None, description="The generation this condition was computed from."
+    )
 
 
 class MemoryStatus(Status):
@@ -98,7 +100,9 @@ class LoRAPoolStatus(Status):
     replicas: int = Field(default=0, description="Engine pods that exist.")
     ready_replicas: int = Field(default=0, description="Engine pods that are Ready.")
     endpoint: str | None = Field(default=None, description="The pool's OpenAI endpoint (router Service URL).")
-    selector: str | None = Field(default=None, description="Label selector of the engine pods (for kubectl scale / HPA).")
+    selector: str | None = Field(
+        default=None, description="Label selector of the engine pods (for kubectl scale / HPA)."
+    )
 
 
 class LoRAAdapterStatus(Status):

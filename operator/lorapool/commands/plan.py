@@ -9,8 +9,13 @@ from lorapool.errors import LoRAPoolError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-f", "--filename", action="append", required=True,
-                        help="YAML with a LoRAPool (and optionally LoRAAdapters); '-' reads stdin; repeatable")
+    parser.add_argument(
+        "-f",
+        "--filename",
+        action="append",
+        required=True,
+        help="YAML with a LoRAPool (and optionally LoRAAdapters); '-' reads stdin; repeatable",
+    )
     parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
 
 
@@ -23,8 +28,11 @@ def run(args: argparse.Namespace) -> int:
     except LoRAPoolError as exc:
         return fail(exc, "plan")
     if args.output == "json":
-        out = [plan.to_status() | {"pool": f"{pool.metadata.namespace}/{pool.metadata.name}",
-                                   "warnings": list(plan.warnings)} for pool, plan, _ in results]
+        out = [
+            plan.to_status()
+            | {"pool": f"{pool.metadata.namespace}/{pool.metadata.name}", "warnings": list(plan.warnings)}
+            for pool, plan, _ in results
+        ]
         print(json.dumps(out[0] if len(out) == 1 else out, indent=2))
     else:
         from lorapool.commands.explain import explain_plan

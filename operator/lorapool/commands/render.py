@@ -11,12 +11,23 @@ import os
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-f", "--filename", action="append", required=True,
-                        help="YAML with a LoRAPool (and optionally LoRAAdapters); '-' reads stdin; repeatable")
-    parser.add_argument("--image", default=os.environ.get("LORAPOOL_IMAGE"),
-                        help="lorapool image for the sidecar and router (default: $LORAPOOL_IMAGE or the release image)")
-    parser.add_argument("--include-pool", action="store_true",
-                        help="also print the LoRAPool/LoRAAdapter inputs (a complete GitOps bundle)")
+    parser.add_argument(
+        "-f",
+        "--filename",
+        action="append",
+        required=True,
+        help="YAML with a LoRAPool (and optionally LoRAAdapters); '-' reads stdin; repeatable",
+    )
+    parser.add_argument(
+        "--image",
+        default=os.environ.get("LORAPOOL_IMAGE"),
+        help="lorapool image for the sidecar and router (default: $LORAPOOL_IMAGE or the release image)",
+    )
+    parser.add_argument(
+        "--include-pool",
+        action="store_true",
+        help="also print the LoRAPool/LoRAAdapter inputs (a complete GitOps bundle)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -29,18 +29,23 @@ class Merged:
 
 def merge_adapters(pool: LoRAPool, objects: Sequence[LoRAAdapter]) -> Merged:
     """Inline adapters first (in spec order), then LoRAAdapters by name; clashes refused."""
-    merged = [
-        PoolAdapter(a, "Inline", f"spec.adapters[{i}]") for i, a in enumerate(pool.spec.adapters)
-    ]
+    merged = [PoolAdapter(a, "Inline", f"spec.adapters[{i}]") for i, a in enumerate(pool.spec.adapters)]
     taken = {a.name for a in pool.spec.adapters}
     conflicts: list[tuple[str, str]] = []
-    mine = [o for o in objects if o.spec.pool_ref.name == pool.metadata.name and o.metadata.namespace == pool.metadata.namespace]
+    mine = [
+        o
+        for o in objects
+        if o.spec.pool_ref.name == pool.metadata.name and o.metadata.namespace == pool.metadata.namespace
+    ]
     for obj in sorted(mine, key=lambda o: o.metadata.name):
         name = obj.metadata.name
         if name in taken:
             conflicts.append(
-                (name, f"pool {pool.metadata.name} already declares adapter {name!r} inline; rename this LoRAAdapter "
-                       "or remove the inline entry")
+                (
+                    name,
+                    f"pool {pool.metadata.name} already declares adapter {name!r} inline; rename this LoRAAdapter "
+                    "or remove the inline entry",
+                )
             )
             continue
         taken.add(name)

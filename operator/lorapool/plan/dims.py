@@ -30,8 +30,18 @@ class ModelDims:
     embedding_lora: bool = True  # Llama-style models get embedding LoRA buffers in vLLM
 
 
-def _dims(key: str, h: int, i: int, n: int, heads: int, kv: int, vocab: int, params: float,
-          ctx: int, head_dim: int | None = None) -> ModelDims:
+def _dims(
+    key: str,
+    h: int,
+    i: int,
+    n: int,
+    heads: int,
+    kv: int,
+    vocab: int,
+    params: float,
+    ctx: int,
+    head_dim: int | None = None,
+) -> ModelDims:
     return ModelDims(key, h, i, n, heads, kv, head_dim or h // heads, vocab, round(params * 1e9), ctx)
 
 
@@ -81,8 +91,9 @@ def lookup_model(*names: str | None) -> ModelDims | None:
     return None
 
 
-def dims_from_config(config: Mapping[str, Any], *, key: str = "config.json",
-                     num_parameters: int | None = None) -> ModelDims:
+def dims_from_config(
+    config: Mapping[str, Any], *, key: str = "config.json", num_parameters: int | None = None
+) -> ModelDims:
     """Dims from a HF ``config.json``. Parameters are estimated from the shapes when not given."""
     try:
         h = int(config["hidden_size"])

@@ -214,8 +214,9 @@ def plan_pool(
                 f"{a.field}.rank={a.rank} exceeds vLLM's largest rank {VLLM_RANKS[-1]}; "
                 f"retrain at <= {VLLM_RANKS[-1]} or drop the adapter"
             )
-    largest = max((a for a in known if a.rank is not None and a.rank <= VLLM_RANKS[-1]),
-                  key=lambda a: a.rank or 0, default=None)
+    largest = max(
+        (a for a in known if a.rank is not None and a.rank <= VLLM_RANKS[-1]), key=lambda a: a.rank or 0, default=None
+    )
     if spec.lora.max_lora_rank == AUTO:
         if largest is None:
             rank = DEFAULT_RANK
@@ -248,12 +249,12 @@ def plan_pool(
     before_lora = usable - weights - reserve
     if before_lora <= 0:
         raise PlanError(
-            problems
-            + [
+            [
+                *problems,
                 f"spec.gpu: {model.key} weights need {_gb(weights)} per GPU (+{_gb(reserve)} runtime) but "
                 f"{spec.gpu.product} x{tp} at gpuMemoryUtilization {spec.vllm.gpu_memory_utilization} gives "
                 f"{_gb(usable)} per GPU; set spec.gpu.count to {_next_tp(model, gpu, spec, b, reserve)} "
-                "or use a larger GPU"
+                "or use a larger GPU",
             ]
         )
     slot = lora_buffer_bytes(model, max_loras=1, max_rank=rank, dtype_size=lb, tp=tp)
@@ -267,7 +268,8 @@ def plan_pool(
             int(spec.lora.min_kv_cache_fraction * before_lora),
         )
         fit = (before_lora - floor_bytes) // slot if before_lora > floor_bytes else 0
-        cap = max(1, min(n_adapters, spec.vllm.max_num_seqs))
+        wanted = slot_headroom(n_adapters)
+        cap = min(wanted, spec.vllm.max_num_seqs)
         max_loras = int(min(cap, fit))
         if max_loras < 1:
             problems.append(
@@ -278,10 +280,11 @@ def plan_pool(
             )
             max_loras = 1
             why = "1: nothing fits (see errors)"
-        elif n_adapters == 0:
-            why = "1: no adapters yet; one slot is reserved so adapters can be hot-loaded"
-        elif max_loras == n_adapters:
-            why = f"{max_loras}: one GPU slot per adapter ({n_adapters}); every adapter can be in a batch at once"
+        elif max_loras == wanted:
+            why = (
+                f"{max_loras}: a GPU slot for each of the {n_adapters} adapter(s), rounded up to {wanted} "
+                f"({_gb(slot * max_loras)} at rank {rank}) so adapters can be added without restarting pods"
+            )
         elif max_loras == spec.vllm.max_num_seqs:
             why = f"{max_loras}: capped by vllm.maxNumSeqs (a batch never holds more distinct adapters)"
         else:
@@ -309,22 +312,25 @@ def plan_pool(
 
     # --- max-cpu-loras -------------------------------------------------------------------------
     host_bytes = pod_memory_bytes(spec, weights * tp)
-    per_adapter = adapter_host_bytes(model, rank=max(largest.rank if largest and largest.rank else rank, 1),
-                                     dtype_size=lb)
+    # Sized by the rank bucket, not the adapter count: the cache fills on demand, so a large
+    # capacity costs nothing until used, and adding adapters does not change the flag.
+    per_adapter = adapter_host_bytes(model, rank=rank, dtype_size=lb)
     host_fit = max(0, (host_bytes - weights * tp - HOST_RUNTIME_BYTES) // per_adapter)
     if spec.lora.max_cpu_loras == AUTO:
-        wanted = max(n_adapters, max_loras)
-        max_cpu = int(max(max_loras, min(wanted, host_fit)))
-        if max_cpu == wanted:
-            why = f"{max_cpu}: every adapter fits in the CPU cache ({_gb(per_adapter)} each at most)"
+        max_cpu = int(max(max_loras, host_fit))
+        if max_cpu == max_loras and host_fit < max_loras:
+            why = f"{max_cpu}: at least maxLoras (vLLM requires max-cpu-loras >= max-loras)"
+        elif host_fit >= n_adapters:
+            why = (
+                f"{max_cpu}: pod memory {_gb(host_bytes)} minus weights and runtime caches {host_fit} adapters of "
+                f"rank <= {rank} ({_gb(per_adapter)} each); all {n_adapters} fit, with room to add more without a restart"
+            )
         else:
             why = (
-                f"{max_cpu} of {n_adapters}: pod memory {_gb(host_bytes)} minus weights and runtime holds {host_fit} "
-                f"adapters of {_gb(per_adapter)}; raise spec.vllm.resources.limits.memory to cache more "
-                "(misses load from disk, ~40-500 ms)"
+                f"{max_cpu} of {n_adapters}: pod memory {_gb(host_bytes)} minus weights and runtime caches {host_fit} "
+                f"adapters of {_gb(per_adapter)}; the rest load from disk on a miss (~40-500 ms): raise "
+                "spec.vllm.resources.limits.memory to cache more"
             )
-        if max_cpu == max_loras and max_cpu > wanted:
-            why = f"{max_cpu}: at least maxLoras (vLLM requires max-cpu-loras >= max-loras)"
     else:
         max_cpu = int(spec.lora.max_cpu_loras)
         why = f"{max_cpu}: set in spec.lora.maxCpuLoras"
@@ -371,6 +377,18 @@ def plan_pool(
     )
 
 
+MIN_SLOTS = 8  # slots are cheap at low rank (Llama-3-8B r16: ~92 MB each); 8 spares most restarts
+
+
+def slot_headroom(n_adapters: int) -> int:
+    """GPU slots wanted for ``n_adapters``: the next power of two, at least MIN_SLOTS.
+
+    vLLM's flags are fixed at start, so sizing exactly to the adapter count would roll
+    every pod whenever an adapter is added; buckets keep adding adapters a ConfigMap update.
+    """
+    return max(MIN_SLOTS, 1 << max(0, n_adapters - 1).bit_length())
+
+
 def pod_memory_bytes(spec: LoRAPoolSpec, weights_total: int) -> int:
     """The engine container's memory: spec.vllm.resources limits/requests, else weights + 32 GiB."""
     resources = spec.vllm.resources or {}
@@ -386,7 +404,10 @@ def pod_memory_bytes(spec: LoRAPoolSpec, weights_total: int) -> int:
 
 def _next_tp(model: ModelDims, gpu: GpuType, spec: LoRAPoolSpec, b: int, reserve: int) -> str:
     for tp in (2, 4, 8):
-        if tp > spec.gpu.count and model.num_parameters * b // tp + reserve < gpu.memory_bytes * spec.vllm.gpu_memory_utilization * 0.8:
+        if (
+            tp > spec.gpu.count
+            and model.num_parameters * b // tp + reserve < gpu.memory_bytes * spec.vllm.gpu_memory_utilization * 0.8
+        ):
             return str(tp)
     return "8"
 

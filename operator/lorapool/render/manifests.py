@@ -17,7 +17,7 @@ from typing import Any
 from lorapool.api.adapterset import CONFIGMAP_KEY, AdapterSet, DesiredAdapter
 from lorapool.api.models import DEFAULT_LORAPOOL_IMAGE, LoRAPool
 from lorapool.plan.adapters import PoolAdapter
-from lorapool.plan.gpus import GPU_PRODUCT_LABEL, GPU_RESOURCE, GPUS, GIB
+from lorapool.plan.gpus import GIB, GPU_PRODUCT_LABEL, GPU_RESOURCE, GPUS
 from lorapool.plan.planner import Plan, pod_memory_bytes
 from lorapool.render import names
 
@@ -32,8 +32,9 @@ class RenderOptions:
     image_pull_policy: str = "IfNotPresent"
 
 
-def render_pool(pool: LoRAPool, plan: Plan, adapters: Sequence[PoolAdapter],
-                options: RenderOptions | None = None) -> list[Obj]:
+def render_pool(
+    pool: LoRAPool, plan: Plan, adapters: Sequence[PoolAdapter], options: RenderOptions | None = None
+) -> list[Obj]:
     """Every child object of ``pool``, in apply order."""
     opts = options or RenderOptions()
     objects = [
@@ -76,8 +77,9 @@ def adapter_set(pool: LoRAPool, plan: Plan, adapters: Sequence[PoolAdapter]) -> 
         base_model=pool.spec.base_model.name,
         max_lora_rank=plan.max_lora_rank,
         adapters=tuple(
-            DesiredAdapter(name=a.spec.name, source=a.spec.source, revision=a.spec.revision,
-                           sha256=a.spec.sha256, rank=a.spec.rank)
+            DesiredAdapter(
+                name=a.spec.name, source=a.spec.source, revision=a.spec.revision, sha256=a.spec.sha256, rank=a.spec.rank
+            )
             for a in adapters
         ),
     )
@@ -97,19 +99,31 @@ def engine_args(pool: LoRAPool, plan: Plan) -> list[str]:
     spec = pool.spec
     args = [
         _model_arg(pool),
-        "--served-model-name", spec.base_model.name,
-        "--host", "0.0.0.0",
-        "--port", str(names.ENGINE_PORT),
-        "--dtype", spec.base_model.dtype.value,
-        "--max-model-len", str(plan.max_model_len),
-        "--gpu-memory-utilization", str(spec.vllm.gpu_memory_utilization),
-        "--tensor-parallel-size", str(plan.tensor_parallel_size),
-        "--max-num-seqs", str(spec.vllm.max_num_seqs),
+        "--served-model-name",
+        spec.base_model.name,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(names.ENGINE_PORT),
+        "--dtype",
+        spec.base_model.dtype.value,
+        "--max-model-len",
+        str(plan.max_model_len),
+        "--gpu-memory-utilization",
+        str(spec.vllm.gpu_memory_utilization),
+        "--tensor-parallel-size",
+        str(plan.tensor_parallel_size),
+        "--max-num-seqs",
+        str(spec.vllm.max_num_seqs),
         "--enable-lora",
-        "--max-loras", str(plan.max_loras),
-        "--max-lora-rank", str(plan.max_lora_rank),
-        "--max-cpu-loras", str(plan.max_cpu_loras),
-        "--lora-dtype", spec.lora.dtype.value,
+        "--max-loras",
+        str(plan.max_loras),
+        "--max-lora-rank",
+        str(plan.max_lora_rank),
+        "--max-cpu-loras",
+        str(plan.max_cpu_loras),
+        "--lora-dtype",
+        spec.lora.dtype.value,
     ]
     if spec.lora.target_modules:
         args += ["--lora-target-modules", *spec.lora.target_modules]
@@ -138,8 +152,12 @@ def _credentials_env(pool: LoRAPool, *, hf: bool, s3: bool) -> list[Obj]:
     if creds is None:
         return env
     if hf and creds.hugging_face:
-        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
-            "name": creds.hugging_face.name, "key": creds.hugging_face.key}}})
+        env.append(
+            {
+                "name": "HF_TOKEN",
+                "valueFrom": {"secretKeyRef": {"name": creds.hugging_face.name, "key": creds.hugging_face.key}},
+            }
+        )
     if s3 and creds.s3:
         if creds.s3.secret_name:
             for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
@@ -166,9 +184,23 @@ def _node_placement(pool: LoRAPool) -> Obj:
     if gpu.node_selector is not None:
         placement["nodeSelector"] = dict(gpu.node_selector)
     else:
-        placement["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [{"matchExpressions": [{
-                "key": GPU_PRODUCT_LABEL, "operator": "In", "values": list(GPUS[gpu.product].node_products)}]}]}}}
+        placement["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {
+                                    "key": GPU_PRODUCT_LABEL,
+                                    "operator": "In",
+                                    "values": list(GPUS[gpu.product].node_products),
+                                }
+                            ]
+                        }
+                    ]
+                }
+            }
+        }
     if gpu.tolerations is not None:
         placement["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in gpu.tolerations]
     else:
@@ -213,10 +245,15 @@ def engine_deployment(pool: LoRAPool, plan: Plan, adapters: Sequence[PoolAdapter
         if adapter.spec.source.startswith("pvc://"):
             claim = adapter.spec.source.removeprefix("pvc://").split("/", 1)[0]
             if not any(v["name"] == f"pvc-{claim}" for v in volumes):
-                volumes.append({"name": f"pvc-{claim}", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
+                volumes.append(
+                    {"name": f"pvc-{claim}", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+                )
 
-    pvc_mounts = [{"name": v["name"], "mountPath": f"/mnt/pvc/{v['name'].removeprefix('pvc-')}", "readOnly": True}
-                  for v in volumes if v["name"].startswith("pvc-")]
+    pvc_mounts = [
+        {"name": v["name"], "mountPath": f"/mnt/pvc/{v['name'].removeprefix('pvc-')}", "readOnly": True}
+        for v in volumes
+        if v["name"].startswith("pvc-")
+    ]
     env = [
         {"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "true"},
         {"name": "HF_HOME", "value": f"{names.MODELS_MOUNT}/hf"},
@@ -253,24 +290,33 @@ def engine_deployment(pool: LoRAPool, plan: Plan, adapters: Sequence[PoolAdapter
         "imagePullPolicy": opts.image_pull_policy,
         "args": [
             "sidecar",
-            "--config", f"{names.ADAPTERS_CONFIG_MOUNT}/{CONFIGMAP_KEY}",
-            "--engine", f"http://127.0.0.1:{names.ENGINE_PORT}",
-            "--adapter-dir", names.ADAPTERS_MOUNT,
-            "--host", "0.0.0.0",
-            "--status-port", str(names.SIDECAR_STATUS_PORT),
+            "--config",
+            f"{names.ADAPTERS_CONFIG_MOUNT}/{CONFIGMAP_KEY}",
+            "--engine",
+            f"http://127.0.0.1:{names.ENGINE_PORT}",
+            "--adapter-dir",
+            names.ADAPTERS_MOUNT,
+            "--host",
+            "0.0.0.0",
+            "--status-port",
+            str(names.SIDECAR_STATUS_PORT),
         ],
         "env": [
             {"name": "HF_HOME", "value": "/tmp/hf"},
             *_credentials_env(pool, hf=True, s3=True),
         ],
         "ports": [{"name": "sidecar", "containerPort": names.SIDECAR_STATUS_PORT, "protocol": "TCP"}],
-        "resources": spec.sidecar.resources or {
+        "resources": spec.sidecar.resources
+        or {
             "requests": {"cpu": "100m", "memory": "256Mi"},
             "limits": {"memory": "1Gi"},
         },
         "readinessProbe": {"httpGet": {"path": "/healthz", "port": "sidecar"}, "periodSeconds": 10},
-        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "sidecar"}, "periodSeconds": 20,
-                          "failureThreshold": 3},
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", "port": "sidecar"},
+            "periodSeconds": 20,
+            "failureThreshold": 3,
+        },
         "volumeMounts": [
             {"name": "adapters", "mountPath": names.ADAPTERS_MOUNT},
             # Mounted without subPath so ConfigMap updates reach the running sidecar.
@@ -284,8 +330,12 @@ def engine_deployment(pool: LoRAPool, plan: Plan, adapters: Sequence[PoolAdapter
         "enableServiceLinks": False,  # a Service named "vllm" would inject VLLM_PORT and break vLLM
         "automountServiceAccountToken": False,  # neither vLLM nor the sidecar talks to the API
         "terminationGracePeriodSeconds": 60,
-        "securityContext": {"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
-                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": {
+            "runAsUser": 1000,
+            "runAsGroup": 1000,
+            "fsGroup": 1000,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
         **_node_placement(pool),
         "containers": [engine, sidecar],
         "volumes": volumes,
@@ -347,8 +397,9 @@ def router_role(pool: LoRAPool) -> Obj:
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
         "metadata": _meta(pool, names.router(pool.metadata.name), "router"),
-        "rules": [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
-                   "verbs": ["get", "list", "watch"]}],
+        "rules": [
+            {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}
+        ],
     }
 
 
@@ -388,10 +439,14 @@ def router_deployment(pool: LoRAPool, opts: RenderOptions) -> Obj:
         "imagePullPolicy": opts.image_pull_policy,
         "args": [
             "router",
-            "--host", "0.0.0.0",
-            "--port", str(names.ROUTER_PORT),
-            "--endpointslices", f"{ns}/{names.engine_service(p)}",
-            "--policy", router.policy.value,
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(names.ROUTER_PORT),
+            "--endpointslices",
+            f"{ns}/{names.engine_service(p)}",
+            "--policy",
+            router.policy.value,
         ],
         "ports": [{"name": "http", "containerPort": names.ROUTER_PORT, "protocol": "TCP"}],
         "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
@@ -411,8 +466,11 @@ def router_deployment(pool: LoRAPool, opts: RenderOptions) -> Obj:
                 "spec": {
                     "serviceAccountName": names.router(p),
                     "enableServiceLinks": False,
-                    "securityContext": {"runAsUser": 1000, "runAsGroup": 1000,
-                                        "seccompProfile": {"type": "RuntimeDefault"}},
+                    "securityContext": {
+                        "runAsUser": 1000,
+                        "runAsGroup": 1000,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
                     "containers": [container],
                 },
             },

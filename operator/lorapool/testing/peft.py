@@ -102,7 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dora", action="store_true", help="mark it DoRA (vLLM refuses it)")
     args = parser.parse_args(argv)
     extra = {"use_dora": True} if args.dora else None
-    path = write_peft_adapter(args.out_dir, rank=args.rank, base_model=args.base_model, seed=args.seed, extra_config=extra)
+    path = write_peft_adapter(
+        args.out_dir, rank=args.rank, base_model=args.base_model, seed=args.seed, extra_config=extra
+    )
     print(path)
     return 0
 

@@ -1,0 +1,19 @@
+"""Shared fixtures: the README example and helpers to build pools in tests."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "lorapool.yaml"
+
+
+@pytest.fixture
+def example_doc() -> dict[str, Any]:
+    """The issue's example pool, exactly as written, as a fresh dict per test."""
+    return copy.deepcopy(yaml.safe_load(EXAMPLE.read_text()))

@@ -1,0 +1,161 @@
+"""The renderer: golden output for the README example, schema validity, and its invariants."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lorapool.api.adapterset import AdapterSet
+from lorapool.api.load import parse_object
+from lorapool.api.models import LoRAAdapter, LoRAPool
+from lorapool.api.yamlio import dump_all
+from lorapool.plan.adapters import merge_adapters
+from lorapool.plan.planner import AdapterRank, plan_pool
+from lorapool.render import names
+from lorapool.render.manifests import RenderOptions, render_pool
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def render(doc: dict[str, Any], adapters: list[LoRAAdapter] | None = None) -> list[dict[str, Any]]:
+    pool = parse_object(doc)
+    assert isinstance(pool, LoRAPool)
+    merged = merge_adapters(pool, adapters or [])
+    plan = plan_pool(pool.spec, [AdapterRank(a.spec.name, a.field, a.spec.rank) for a in merged.adapters])
+    return render_pool(pool, plan, merged.adapters, RenderOptions(lorapool_image="lorapool:test"))
+
+
+def by_kind(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    return next(o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name)
+
+
+def test_example_matches_golden(example_doc: dict[str, Any]) -> None:
+    text = dump_all(render(example_doc))
+    golden = GOLDEN / "llama3-8b.yaml"
+    if os.environ.get("LORAPOOL_UPDATE_GOLDEN"):
+        golden.write_text(text)
+    assert text == golden.read_text(), "render changed: review and set LORAPOOL_UPDATE_GOLDEN=1 to accept"
+
+
+def test_rendered_objects_validate_against_kubernetes_schemas(example_doc: dict[str, Any]) -> None:
+    import kubernetes_validate
+
+    example_doc["metadata"]["uid"] = "0f6f1c3e-0000-4000-8000-000000000001"
+    example_doc["spec"]["credentials"] = {
+        "huggingFace": {"name": "hf", "key": "token"},
+        "s3": {"secretName": "s3", "endpoint": "https://minio.example:9000", "region": "us-east-1"},
+    }
+    for obj in render(example_doc):
+        kubernetes_validate.validate(obj, "1.36.0", strict=True)
+
+
+def test_engine_args_are_vllm_flags_from_the_plan(example_doc: dict[str, Any]) -> None:
+    engine = by_kind(render(example_doc), "Deployment", "llama3-8b-engine")
+    vllm = engine["spec"]["template"]["spec"]["containers"][0]
+    args = vllm["args"]
+    assert "--enable-lora" in args and "--enable-loras" not in args
+    flags = dict(zip(args[1::2], args[2::2], strict=False))
+    assert args[0] == "meta-llama/Meta-Llama-3-8B-Instruct"
+    assert (args[args.index("--max-loras") + 1], args[args.index("--max-lora-rank") + 1]) == ("8", "16")
+    assert int(args[args.index("--max-cpu-loras") + 1]) >= 8
+    assert flags.get("--served-model-name") == "meta-llama/Meta-Llama-3-8B-Instruct"
+    assert {"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "true"} in vllm["env"]
+    assert vllm["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    pod = engine["spec"]["template"]["spec"]
+    assert pod["enableServiceLinks"] is False
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms[0]["matchExpressions"][0]["values"] == ["NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-80GB-PCIe"]
+    config_volume = next(v for v in pod["volumes"] if v["name"] == "adapters-config")
+    sidecar = pod["containers"][1]
+    mount = next(m for m in sidecar["volumeMounts"] if m["name"] == "adapters-config")
+    assert "subPath" not in mount and config_volume["configMap"]["name"] == "llama3-8b-adapters"
+
+
+def test_vllm_cli_parser_accepts_the_flags(example_doc: dict[str, Any]) -> None:
+    """Parse the args with a parser declaring vLLM's LoRA flags exactly as vLLM spells them."""
+    import argparse
+
+    parser = argparse.ArgumentParser(allow_abbrev=False)
+    parser.add_argument("model")
+    for flag in (
+        "--served-model-name",
+        "--host",
+        "--port",
+        "--dtype",
+        "--max-model-len",
+        "--gpu-memory-utilization",
+        "--tensor-parallel-size",
+        "--max-num-seqs",
+        "--max-loras",
+        "--max-lora-rank",
+        "--max-cpu-loras",
+        "--lora-dtype",
+    ):
+        parser.add_argument(flag)
+    parser.add_argument("--enable-lora", action="store_true")
+    engine = by_kind(render(example_doc), "Deployment", "llama3-8b-engine")
+    parsed = parser.parse_args(engine["spec"]["template"]["spec"]["containers"][0]["args"])
+    assert parsed.enable_lora and int(parsed.max_lora_rank) in (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def test_adapters_change_only_the_configmap(example_doc: dict[str, Any]) -> None:
+    before = render(example_doc)
+    extra = parse_object(
+        {
+            "apiVersion": "lorapool.io/v1alpha1",
+            "kind": "LoRAAdapter",
+            "metadata": {"name": "legal", "namespace": "ml"},
+            "spec": {"poolRef": {"name": "llama3-8b"}, "source": "https://example.test/legal.tar.gz", "rank": 8},
+        }
+    )
+    after = render(example_doc, [extra])  # type: ignore[list-item]
+    changed = [o["kind"] + "/" + o["metadata"]["name"] for o, p in zip(after, before, strict=True) if o != p]
+    assert changed == ["ConfigMap/llama3-8b-adapters"]
+    cm = by_kind(after, "ConfigMap", "llama3-8b-adapters")
+    assert [a.name for a in AdapterSet.from_json(cm["data"]["adapters.json"]).adapters] == [
+        "sql-coder",
+        "support-bot",
+        "legal",
+    ]
+
+
+def test_flag_change_changes_the_config_hash(example_doc: dict[str, Any]) -> None:
+    def hash_of(objects: list[dict[str, Any]]) -> str:
+        engine = by_kind(objects, "Deployment", "llama3-8b-engine")
+        return engine["spec"]["template"]["metadata"]["annotations"][names.CONFIG_HASH_ANNOTATION]
+
+    first = hash_of(render(example_doc))
+    assert hash_of(render(example_doc)) == first
+    example_doc["spec"]["adapters"][0]["rank"] = 64
+    assert hash_of(render(example_doc)) != first
+
+
+def test_owner_references_only_with_a_uid(example_doc: dict[str, Any]) -> None:
+    assert all("ownerReferences" not in o["metadata"] for o in render(example_doc))
+    example_doc["metadata"]["uid"] = "u-1"
+    for obj in render(example_doc):
+        (ref,) = obj["metadata"]["ownerReferences"]
+        assert ref["kind"] == "LoRAPool" and ref["uid"] == "u-1" and ref["controller"] is True
+        assert obj["metadata"]["labels"][names.POOL_LABEL] == "llama3-8b"
+
+
+@pytest.mark.parametrize(
+    ("gpu", "selector_key"),
+    [
+        ({"product": "A100-40GB", "nodeSelector": {"pool": "gpu"}}, "nodeSelector"),
+        ({"product": "A100-40GB"}, "affinity"),
+    ],
+)
+def test_node_placement_override(example_doc: dict[str, Any], gpu: dict[str, Any], selector_key: str) -> None:
+    example_doc["spec"]["gpu"] = gpu
+    pod = by_kind(render(example_doc), "Deployment", "llama3-8b-engine")["spec"]["template"]["spec"]
+    assert selector_key in pod
+
+
+def test_secrets_are_referenced_never_inlined(example_doc: dict[str, Any]) -> None:
+    example_doc["spec"]["credentials"] = {"huggingFace": {"name": "hf", "key": "token"}}
+    text = dump_all(render(example_doc))
+    assert "secretKeyRef" in text and "HF_TOKEN" in text
