@@ -1,0 +1,288 @@
+"""The router's HTTP surface: an OpenAI-compatible proxy in front of the scheduler.
+
+Shell only: parses just enough of a request to route it (``model``), hands the raw body to
+the chosen backend unchanged and relays the answer; streamed (SSE) answers are relayed chunk
+by chunk as they arrive. Retries another backend on connect failure or 503 before anything
+reached the client; after that, a failing backend ends the stream with an SSE error event.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from lorapool.router.backend import Request
+from lorapool.router.scheduler import Lease, NoBackend, QueueFull, Scheduler, UnknownModel
+from lorapool.router.settings import RouterSettings
+from lorapool.router.telemetry import Telemetry
+
+log = logging.getLogger("lorapool.router")
+
+# Headers that describe one hop, not the message (RFC 9110 7.6.1), plus those we recompute.
+HOP_HEADERS = frozenset(
+    {
+        "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
+        "trailer", "transfer-encoding", "upgrade", "host", "content-length",
+        "accept-encoding", "content-encoding", "date", "server",
+    }
+)  # fmt: skip
+BACKEND_HEADER = "X-Lorapool-Backend"
+
+SCHEDULER: web.AppKey[Scheduler] = web.AppKey("scheduler", Scheduler)
+SESSION: web.AppKey[aiohttp.ClientSession] = web.AppKey("session", aiohttp.ClientSession)
+TELEMETRY: web.AppKey[Telemetry] = web.AppKey("telemetry", Telemetry)
+SETTINGS: web.AppKey[RouterSettings] = web.AppKey("settings", RouterSettings)
+
+
+def error_body(status: int, message: str, kind: str, param: str | None = None) -> dict[str, Any]:
+    """An error in the OpenAI/vLLM shape, which the official clients turn into exceptions."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+def error_response(
+    status: int, message: str, kind: str, *, retry_after_s: int | None = None, param: str | None = None
+) -> web.Response:
+    headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
+    return web.json_response(error_body(status, message, kind, param), status=status, headers=headers)
+
+
+def forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
+    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in HOP_HEADERS)
+
+
+class _Retry(Exception):
+    """The backend failed before anything reached the client: try another one."""
+
+    def __init__(self, reason: str, *, down: bool) -> None:
+        super().__init__(reason)
+        self.reason, self.down = reason, down
+
+
+class Proxy:
+    """Request handlers; one instance per app."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        session: aiohttp.ClientSession,
+        telemetry: Telemetry,
+        settings: RouterSettings,
+    ) -> None:
+        self.scheduler, self.session = scheduler, session
+        self.telemetry, self.settings = telemetry, settings
+        self.timeout = aiohttp.ClientTimeout(
+            total=None, connect=settings.connect_timeout_s, sock_read=settings.read_timeout_s
+        )
+
+    # --- OpenAI endpoints -----------------------------------------------------------------
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        start = time.monotonic()
+        model: str | None = None
+        known = False
+        response: web.StreamResponse | None = None
+        try:
+            response, model, known = await self._completions(request, start)
+            return response
+        finally:
+            code = str(response.status) if response is not None else "499"
+            label = self.telemetry.model_label(model, known=known)
+            self.telemetry.requests.labels(label, code).inc()
+            self.telemetry.duration.observe(time.monotonic() - start)
+
+    async def _completions(self, request: web.Request, start: float) -> tuple[web.StreamResponse, str | None, bool]:
+        limit = self.settings.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            return self._too_large(request.content_length), None, False
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return self._too_large(None), None, False
+        try:
+            payload = json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            msg = f"request body is not valid JSON: {exc}"
+            return error_response(400, msg, "BadRequestError"), None, False
+        model = payload.get("model") if isinstance(payload, dict) else None
+        if not isinstance(model, str) or not model:
+            msg = 'request body needs a "model" string naming the base model or an adapter'
+            return error_response(400, msg, "BadRequestError", param="model"), None, False
+        req = self.scheduler.request_for(model)
+        return await self._route(request, body, req, start), model, self.scheduler.known(model)
+
+    def _too_large(self, size: int | None) -> web.Response:
+        limit = self.settings.max_body_bytes
+        got = f"{size} bytes" if size is not None else "the body"
+        msg = f"{got} exceeds the router's limit of {limit} bytes (--max-body-bytes)"
+        return error_response(413, msg, "RequestEntityTooLarge")
+
+    async def _route(self, request: web.Request, body: bytes, req: Request, start: float) -> web.StreamResponse:
+        tried: set[str] = set()
+        retry_after = self.settings.retry_after_s
+        while True:
+            try:
+                lease = await self.scheduler.acquire(req, frozenset(tried))
+            except NoBackend as exc:
+                msg = f"no backend can serve {req.model!r} now ({exc}); retry later"
+                return error_response(503, msg, "ServiceUnavailable", retry_after_s=retry_after)
+            except UnknownModel:
+                msg = f"The model `{req.model}` does not exist."
+                return error_response(404, msg, "NotFoundError", param="model")
+            except QueueFull as exc:
+                msg = f"the router is saturated ({exc}); retry later"
+                return error_response(429, msg, "RateLimitError", retry_after_s=retry_after)
+            try:
+                return await self._forward(request, body, lease, start)
+            except _Retry as exc:
+                tried.add(lease.state.id)
+                self.telemetry.retries.labels(exc.reason).inc()
+                if exc.down:
+                    lease.state.mark_down(exc.reason)
+                log.debug("Retried request elsewhere", extra={"backend": lease.state.id})
+            finally:
+                self.scheduler.release(lease)
+
+    async def _forward(self, request: web.Request, body: bytes, lease: Lease, start: float) -> web.StreamResponse:
+        backend = lease.state.id
+        url = f"{backend}{request.rel_url}"
+        try:
+            upstream = await self.session.post(
+                url, data=body, headers=forward_headers(request.headers), timeout=self.timeout
+            )
+        except aiohttp.ClientConnectorError as exc:
+            raise _Retry("connect", down=True) from exc
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            # Closed before any answer: maybe a stale pooled connection, maybe a dying
+            # backend. Try elsewhere; the poller decides whether it is down.
+            raise _Retry("disconnect", down=False) from exc
+        try:
+            if upstream.status == 503:
+                raise _Retry("503", down=False)
+            if upstream.status == 404 and await self._model_missing(upstream, lease):
+                raise _Retry("404", down=False)
+            headers = forward_headers(upstream.headers)
+            if self.settings.backend_header:
+                headers[BACKEND_HEADER] = backend
+            if upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
+                return await self._relay_stream(request, upstream, headers, lease, start)
+            try:
+                data = await upstream.read()
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                self._failed_mid_response(lease, exc)
+                msg = f"backend failed before answering: {exc!r}"
+                return error_response(502, msg, "BadGateway")
+            return web.Response(body=data, status=upstream.status, headers=headers)
+        except BaseException:
+            upstream.close()  # drop the connection: the backend sees the cancel at once
+            raise
+        finally:
+            upstream.release()
+
+    async def _model_missing(self, upstream: aiohttp.ClientResponse, lease: Lease) -> bool:
+        """A 404 for the model means our view of the backend is stale: retry elsewhere."""
+        lease.state.forget_model(lease.req.model)
+        return any(
+            s.up and s.models is not None and lease.req.model in s.models
+            for s in self.scheduler.states.values()
+            if s is not lease.state
+        )
+
+    async def _relay_stream(
+        self,
+        request: web.Request,
+        upstream: aiohttp.ClientResponse,
+        headers: CIMultiDict[str],
+        lease: Lease,
+        start: float,
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(status=upstream.status, headers=headers)
+        response.enable_chunked_encoding()
+        chunks = upstream.content.iter_any()
+        while True:
+            try:
+                chunk = await anext(chunks)
+            except StopAsyncIteration:
+                break
+            except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError) as exc:
+                self._failed_mid_response(lease, exc)
+                if not response.prepared:
+                    msg = f"backend failed before answering: {exc!r}"
+                    return error_response(502, msg, "BadGateway")
+                event = error_body(502, f"backend failed mid-stream: {exc!r}", "BadGateway")
+                with contextlib.suppress(ConnectionError, aiohttp.ClientConnectionError):
+                    await response.write(f"data: {json.dumps(event)}\n\n".encode())
+                return response
+            try:
+                if not response.prepared:
+                    await response.prepare(request)
+                    self.telemetry.ttft.observe(time.monotonic() - start)
+                await response.write(chunk)
+            except (ConnectionError, aiohttp.ClientConnectionError):
+                upstream.close()  # our client left: cancel the generation upstream
+                return response
+        if not response.prepared:
+            await response.prepare(request)
+        await response.write_eof()
+        return response
+
+    def _failed_mid_response(self, lease: Lease, exc: BaseException) -> None:
+        self.telemetry.upstream_failures.inc()
+        lease.state.mark_down(f"failed mid-response: {exc!r}")
+        log.warning("Marked backend down", extra={"backend": lease.state.id, "error": repr(exc)})
+
+    # --- the rest -------------------------------------------------------------------------
+    async def models(self, request: web.Request) -> web.Response:
+        """The union of the models the backends serve, base models first."""
+        cards: dict[str, Mapping[str, Any]] = {}
+        states = sorted(self.scheduler.states.values(), key=lambda s: (not s.up, s.id))
+        for state in states:
+            for card in state.cards:
+                cards.setdefault(str(card["id"]), card)
+        data = sorted(cards.values(), key=lambda c: (bool(c.get("parent")), str(c["id"])))
+        return web.json_response({"object": "list", "data": data})
+
+    async def health(self, request: web.Request) -> web.Response:
+        """200 while at least one backend is up (readiness), else 503."""
+        states = list(self.scheduler.states.values())
+        up = sum(s.up for s in states)
+        body = {"status": "ok" if up else "unavailable", "backends_up": up, "backends": len(states)}
+        return web.json_response(body, status=200 if up else 503)
+
+    async def livez(self, request: web.Request) -> web.Response:
+        """200 while the process serves (liveness must not depend on the backends)."""
+        return web.json_response({"status": "ok"})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.telemetry.exposition(), content_type="text/plain", charset="utf-8")
+
+
+def build_app(
+    scheduler: Scheduler,
+    session: aiohttp.ClientSession,
+    telemetry: Telemetry,
+    settings: RouterSettings,
+) -> web.Application:
+    """The aiohttp application (run it with ``handler_cancellation=True``)."""
+    # Bodies above the limit fail in request.read(); the handler turns that into a 413.
+    app = web.Application(client_max_size=settings.max_body_bytes)
+    proxy = Proxy(scheduler, session, telemetry, settings)
+    app[SCHEDULER], app[SESSION], app[TELEMETRY], app[SETTINGS] = (
+        scheduler,
+        session,
+        telemetry,
+        settings,
+    )
+    app.router.add_post("/v1/completions", proxy.completions)
+    app.router.add_post("/v1/chat/completions", proxy.completions)
+    app.router.add_get("/v1/models", proxy.models)
+    app.router.add_get("/health", proxy.health)
+    app.router.add_get("/livez", proxy.livez)
+    app.router.add_get("/metrics", proxy.metrics)
+    return app

@@ -1,0 +1,151 @@
+"""``lorapool router``: flags -> ``RouterSettings`` -> the running proxy.
+
+Heavy imports (aiohttp, kubernetes) happen inside ``run`` so ``lorapool --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from lorapool.router.settings import MIB, RouterSettings
+
+POLICIES = ("affinity", "round-robin", "least-loaded")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the router's flags to its subcommand parser."""
+    d = RouterSettings()
+    parser.add_argument("--host", default=d.host, help="address to listen on (default %(default)s)")
+    parser.add_argument("--port", type=int, default=d.port, help="port (default %(default)s)")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument(
+        "--backend",
+        action="append",
+        metavar="URL",
+        help="a vLLM (or lorapool sim) base URL; repeat for each replica",
+    )
+    where.add_argument(
+        "--endpointslices",
+        metavar="NAMESPACE/SERVICE",
+        help="watch the Service's EndpointSlices for ready backends (in cluster or KUBECONFIG)",
+    )
+    parser.add_argument("--port-name", help="EndpointSlice port name (default: only port / http)")
+    parser.add_argument("--policy", choices=POLICIES, default=d.policy, help="default %(default)s")
+    parser.add_argument(
+        "--load-factor",
+        type=float,
+        default=d.load_factor,
+        help="affinity: bounded-load cap as a multiple of the mean load (default %(default)s)",
+    )
+    parser.add_argument(
+        "--max-loras",
+        type=int,
+        default=d.max_loras,
+        help="GPU LoRA slots assumed until a backend reports its own (default %(default)s)",
+    )
+    parser.add_argument(
+        "--max-cpu-loras",
+        type=int,
+        default=None,
+        help="the replicas' --max-cpu-loras, to prefer CPU-cached adapters (default unknown)",
+    )
+    parser.add_argument(
+        "--max-wait",
+        type=float,
+        default=d.max_wait_s,
+        metavar="SECONDS",
+        help="longest a request waits for a LoRA slot before best-effort (default %(default)s)",
+    )
+    parser.add_argument(
+        "--max-queued",
+        type=int,
+        default=d.max_queued,
+        help="requests held in all adapter queues before 429 (default %(default)s)",
+    )
+    parser.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=d.max_body_bytes,
+        help=f"largest request body, else 413 (default {d.max_body_bytes // MIB} MiB)",
+    )
+    parser.add_argument(
+        "--poll-interval",
+        type=float,
+        default=d.poll_interval_s,
+        metavar="SECONDS",
+        help="how often backends' /metrics and /v1/models are read (default %(default)s)",
+    )
+    parser.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=d.connect_timeout_s,
+        metavar="SECONDS",
+        help="time to connect to a backend before trying another (default %(default)s)",
+    )
+    parser.add_argument(
+        "--read-timeout",
+        type=float,
+        default=d.read_timeout_s,
+        metavar="SECONDS",
+        help="longest silence from a backend mid-response (default %(default)s)",
+    )
+    parser.add_argument(
+        "--backend-header",
+        action="store_true",
+        help="add X-Lorapool-Backend to responses (debugging)",
+    )
+    parser.add_argument("--log-level", default="INFO", help="default %(default)s")
+
+
+def settings_from(args: argparse.Namespace) -> RouterSettings:
+    return RouterSettings(
+        host=args.host,
+        port=args.port,
+        backends=tuple(args.backend or ()),
+        endpointslices=args.endpointslices,
+        port_name=args.port_name,
+        policy=args.policy,
+        load_factor=args.load_factor,
+        max_loras=args.max_loras,
+        max_cpu_loras=args.max_cpu_loras,
+        max_wait_s=args.max_wait,
+        max_queued=args.max_queued,
+        max_body_bytes=args.max_body_bytes,
+        poll_interval_s=args.poll_interval,
+        connect_timeout_s=args.connect_timeout,
+        read_timeout_s=args.read_timeout,
+        backend_header=args.backend_header,
+    )
+
+
+class _FieldsFormatter(logging.Formatter):
+    """Kubernetes-style lines: the message, then ``key=value`` for each extra field."""
+
+    _STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        fields = {k: v for k, v in record.__dict__.items() if k not in self._STANDARD}
+        return line + "".join(f" {k}={v!r}" for k, v in fields.items())
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the router until SIGINT/SIGTERM."""
+    import asyncio
+
+    from lorapool.router.server import serve
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(_FieldsFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
+    try:
+        settings = settings_from(args)
+        asyncio.run(serve(settings))
+    except ValueError as exc:
+        print(f"lorapool router: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        pass
+    return 0

@@ -1,0 +1,91 @@
+"""Wires the router together and runs it: settings -> scheduler, poller, discovery, app.
+
+Shell. Serves only after one poll round, so the first requests see real backend state;
+stops on SIGINT/SIGTERM, letting in-flight requests finish for a few seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+
+import aiohttp
+from aiohttp import web
+
+from lorapool.router import policies
+from lorapool.router.app import build_app
+from lorapool.router.endpointslices import EndpointSliceWatch, parse_target
+from lorapool.router.poller import Poller
+from lorapool.router.scheduler import Scheduler
+from lorapool.router.settings import RouterSettings
+from lorapool.router.telemetry import Telemetry
+
+log = logging.getLogger("lorapool.router")
+
+# Below the idle timeout of uvicorn (5 s, what vLLM runs on), so the router never reuses a
+# connection the engine is closing.
+UPSTREAM_KEEPALIVE_S = 4.0
+SHUTDOWN_GRACE_S = 10.0
+
+
+async def serve(settings: RouterSettings) -> None:
+    """Run until a stop signal arrives."""
+    scheduling = policies.build(settings.policy, load_factor=settings.load_factor)
+    if not settings.backends and not settings.endpointslices:
+        raise ValueError("give --backend URL (repeatable) or --endpointslices NAMESPACE/SERVICE")
+    telemetry = Telemetry(max_model_labels=settings.max_model_labels)
+    scheduler = Scheduler(scheduling, settings, telemetry)
+    loop = asyncio.get_running_loop()
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=UPSTREAM_KEEPALIVE_S)
+    async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
+        poller = Poller(scheduler, session, settings)
+        background: set[asyncio.Task[None]] = set()
+        watch: EndpointSliceWatch | None = None
+        if settings.endpointslices:
+            namespace, service = parse_target(settings.endpointslices)
+
+            def on_change(urls: list[str]) -> None:
+                added, removed = scheduler.set_backends(urls)
+                if added or removed:
+                    log.info("Updated backends", extra={"added": added, "removed": removed})
+                    task = loop.create_task(poller.poll_all())
+                    background.add(task)
+                    task.add_done_callback(background.discard)
+
+            watch = EndpointSliceWatch(namespace, service, on_change, loop, port_name=settings.port_name)
+            watch.start()
+            await asyncio.to_thread(watch.synced.wait, 10.0)
+        else:
+            scheduler.set_backends(settings.backends)
+        await poller.poll_all()
+        app = build_app(scheduler, session, telemetry, settings)
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
+        await runner.setup()
+        site = web.TCPSite(runner, settings.host, settings.port, backlog=1024)
+        await site.start()
+        up = sum(s.up for s in scheduler.states.values())
+        log.info(
+            "Started router",
+            extra={
+                "address": f"http://{settings.host}:{settings.port}",
+                "policy": settings.policy,
+                "backends": len(scheduler.states),
+                "backends_up": up,
+            },
+        )
+        polling = loop.create_task(poller.run())
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await stop.wait()
+        finally:
+            log.info("Stopping router")
+            polling.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await polling
+            if watch is not None:
+                watch.stop()
+            await runner.cleanup()

@@ -1,0 +1,51 @@
+"""Router settings: one documented dataclass, filled by ``cli`` (flags) or by tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class RouterSettings:
+    """Every knob of the router, with its unit and why it has its default."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    # Static backend base URLs (local use); empty when EndpointSlices are watched.
+    backends: tuple[str, ...] = ()
+    # NAMESPACE/SERVICE whose EndpointSlices list the backends (in cluster).
+    endpointslices: str | None = None
+    # EndpointSlice port name to use; None picks the only port, else "http", else the first.
+    port_name: str | None = None
+    policy: str = "affinity"
+    # Bounded-load cap as a multiple of the mean load (1.25 as in KubeAI / CH-BL).
+    load_factor: float = 1.25
+    # GPU slots assumed until a backend reports vllm:lora_requests_info{max_lora} (vLLM's default).
+    max_loras: int = 1
+    # vLLM --max-cpu-loras of the replicas, if known: lets the policy prefer CPU-cached adapters.
+    max_cpu_loras: int | None = None
+    # Longest a request waits in its adapter's queue before it is sent best-effort, seconds.
+    # About one short generation: long enough for a slot to free, short next to a disk load storm.
+    max_wait_s: float = 2.0
+    # Requests held in all wait queues together before new ones get 429.
+    max_queued: int = 4096
+    # Largest request body accepted, bytes (4 MiB: far above any prompt the engines accept).
+    max_body_bytes: int = 4 * MIB
+    # How often each backend's /metrics and /v1/models are read, seconds.
+    poll_interval_s: float = 1.0
+    # A poll slower than this counts as failed, seconds.
+    poll_timeout_s: float = 2.0
+    # Consecutive failed polls (not connection refusals, which count at once) before "down".
+    poll_failures_down: int = 3
+    # Time to open a connection to a backend before trying another, seconds.
+    connect_timeout_s: float = 2.0
+    # Longest silence from a backend mid-response (no next byte), seconds.
+    read_timeout_s: float = 600.0
+    # Retry-After sent with 429 and 503, seconds.
+    retry_after_s: int = 1
+    # Distinct model label values in the router's metrics; the rest are counted as "other".
+    max_model_labels: int = 100
+    # Add an X-Lorapool-Backend response header naming the backend (debugging, tests).
+    backend_header: bool = False

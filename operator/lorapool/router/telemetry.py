@@ -1,0 +1,143 @@
+"""The router's Prometheus metrics (one registry per router, so tests can run several).
+
+Label cardinality is capped: a model gets its own label value only if a backend serves it and
+fewer than ``max_model_labels`` models have one already; the rest are "other" (unknown models
+are "unknown", requests without one "none"). Queue depth is exported at scrape time for the
+deepest queues only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from lorapool.router.backend import DecisionKind
+from lorapool.router.state import BackendState
+
+LATENCY_BUCKETS_S = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+
+
+class _LiveGauges(Collector):
+    """Gauges read from live state at scrape time: backend up/in-flight, queue depth."""
+
+    def __init__(
+        self,
+        backends: Callable[[], Iterable[BackendState]],
+        depths: Callable[[], Mapping[str, int]],
+        max_labels: int,
+    ) -> None:
+        self._backends, self._depths, self._max_labels = backends, depths, max_labels
+
+    def collect(self) -> Iterable[Metric]:
+        up = GaugeMetricFamily("lorapool_router_backend_up", "1 when the backend is in rotation", labels=["backend"])
+        inflight = GaugeMetricFamily(
+            "lorapool_router_backend_inflight",
+            "Requests the router has in flight on the backend",
+            labels=["backend"],
+        )
+        slots = GaugeMetricFamily(
+            "lorapool_router_backend_active_adapters",
+            "Distinct adapters in flight on the backend (router's and foreign)",
+            labels=["backend"],
+        )
+        for state in self._backends():
+            view = state.view()
+            up.add_metric([state.id], 1.0 if state.up else 0.0)
+            inflight.add_metric([state.id], float(state.inflight_total))
+            slots.add_metric([state.id], float(len(view.active)))
+        depth = GaugeMetricFamily(
+            "lorapool_router_queue_depth",
+            "Requests waiting in an adapter's queue (deepest queues; the rest as other)",
+            labels=["model"],
+        )
+        depths = sorted(self._depths().items(), key=lambda kv: (-kv[1], kv[0]))
+        for model, n in depths[: self._max_labels]:
+            depth.add_metric([model], float(n))
+        rest = sum(n for _, n in depths[self._max_labels :])
+        if rest:
+            depth.add_metric(["other"], float(rest))
+        queued = GaugeMetricFamily("lorapool_router_queued_requests", "Requests waiting in all adapter queues")
+        queued.add_metric([], float(sum(n for _, n in depths)))
+        yield from (up, inflight, slots, depth, queued)
+
+
+class Telemetry:
+    """Counters and histograms the proxy updates, plus live gauges."""
+
+    def __init__(self, *, max_model_labels: int = 100) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._max_labels = max_model_labels
+        self._labelled: set[str] = set()
+        self.requests = Counter(
+            "lorapool_router_requests",
+            "Requests answered, by model and HTTP status",
+            ["model", "code"],
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "lorapool_router_time_to_first_token_seconds",
+            "Time from a request's arrival to its first streamed chunk relayed to the client",
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "lorapool_router_request_duration_seconds",
+            "Time from a request's arrival to its last byte",
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.queue_wait = Histogram(
+            "lorapool_router_queue_wait_seconds",
+            "Time held requests waited in an adapter queue before binding",
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.decisions = Counter(
+            "lorapool_router_decisions",
+            "Routing decisions by kind; a held request counts as queued, then as its bind",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.retries = Counter(
+            "lorapool_router_retries",
+            "Requests retried on another backend before the first byte, by reason",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.upstream_failures = Counter(
+            "lorapool_router_upstream_failures",
+            "Responses cut short because a backend failed mid-response",
+            registry=self.registry,
+        )
+        for kind in DecisionKind:
+            self.decisions.labels(kind.value)
+
+    def watch(
+        self,
+        backends: Callable[[], Iterable[BackendState]],
+        depths: Callable[[], Mapping[str, int]],
+    ) -> None:
+        """Export live gauges read from the scheduler at scrape time."""
+        self.registry.register(_LiveGauges(backends, depths, self._max_labels))
+
+    def model_label(self, model: str | None, *, known: bool) -> str:
+        """The label value for ``model`` under the cardinality cap."""
+        if not model:
+            return "none"
+        if not known:
+            return "unknown"
+        if model in self._labelled:
+            return model
+        if len(self._labelled) < self._max_labels:
+            self._labelled.add(model)
+            return model
+        return "other"
+
+    def exposition(self) -> bytes:
+        """The text page for /metrics."""
+        return generate_latest(self.registry)
