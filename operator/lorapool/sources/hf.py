@@ -143,7 +143,7 @@ class HfSource:
         tree = into / "tree"
         tree.mkdir()
         try:
-            info = api.model_info(self.repo_id, revision=self.revision, timeout=limits.read_timeout_s)
+            info = api.model_info(self.repo_id, revision=self.revision or "main", timeout=limits.read_timeout_s)
             commit = info.sha
             names = [s.rfilename for s in info.siblings or []]
             wanted = {
