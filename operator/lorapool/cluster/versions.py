@@ -1,0 +1,113 @@
+"""Pinned versions of the control-plane binaries and where they are cached.
+
+Pure data plus path helpers; imported by `build` (which compiles) and `runtime` (which runs).
+Changing a version here makes the next `lorapool cluster build` compile into a new cache
+directory; old directories are left alone so that switching back is free.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+ETCD_VERSION = "v3.6.16"
+# 1.36.3 is the newest patch of a minor whose go.mod says `go 1.26.0`, so the machine's
+# Go 1.26 builds it without fetching a toolchain.
+KUBERNETES_VERSION = "v1.36.3"
+KWOK_VERSION = "v0.8.0"
+HELM_VERSION = "v3.22.0"
+
+
+@dataclass(frozen=True)
+class Component:
+    """One binary: how to build it and where it lands.
+
+    `wrapper` components are built from a generated module that requires `module`; the others
+    with `go install package@version`, which works only for modules whose go.mod has no
+    replace directives.
+    """
+
+    name: str
+    version: str
+    module: str
+    package: str
+    ldflags: tuple[str, ...] = ()
+    wrapper: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}-{self.version}"
+
+
+def _kube_ldflags(version: str) -> tuple[str, ...]:
+    """Version stamps that hack/lib/version.sh would set; without them the binaries say
+    v0.0.0-master and the apiserver's emulation-version checks get confused."""
+    major, minor = version.lstrip("v").split(".")[:2]
+    flags = []
+    for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        flags += [
+            f"-X {pkg}.gitVersion={version}",
+            f"-X {pkg}.gitMajor={major}",
+            f"-X {pkg}.gitMinor={minor}",
+            f"-X {pkg}.gitTreeState=clean",
+            f"-X {pkg}.buildDate=1970-01-01T00:00:00Z",
+        ]
+    return tuple(flags)
+
+
+def _kube(name: str) -> Component:
+    return Component(
+        name=name,
+        version=KUBERNETES_VERSION,
+        module="k8s.io/kubernetes",
+        package=f"k8s.io/kubernetes/cmd/{name}",
+        ldflags=_kube_ldflags(KUBERNETES_VERSION),
+        wrapper=True,
+    )
+
+
+COMPONENTS: tuple[Component, ...] = (
+    Component(
+        name="etcd",
+        version=ETCD_VERSION,
+        module="go.etcd.io/etcd/server/v3",
+        package="go.etcd.io/etcd/server/v3",
+        wrapper=True,
+    ),
+    _kube("kube-apiserver"),
+    _kube("kube-controller-manager"),
+    _kube("kube-scheduler"),
+    _kube("kubectl"),
+    Component(
+        name="kwok",
+        version=KWOK_VERSION,
+        module="sigs.k8s.io/kwok",
+        package="sigs.k8s.io/kwok/cmd/kwok",
+        ldflags=(f"-X sigs.k8s.io/kwok/pkg/consts.Version={KWOK_VERSION.lstrip('v')}",),
+    ),
+    Component(
+        name="helm",
+        version=HELM_VERSION,
+        module="helm.sh/helm/v3",
+        package="helm.sh/helm/v3/cmd/helm",
+        ldflags=(f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION}",),
+    ),
+)
+
+BY_NAME: dict[str, Component] = {c.name: c for c in COMPONENTS}
+
+
+def cache_root() -> Path:
+    """`$LORAPOOL_CACHE` or `~/.cache/lorapool`: outside the repo so clones share one build."""
+    return Path(os.environ.get("LORAPOOL_CACHE") or Path.home() / ".cache" / "lorapool")
+
+
+def bin_dir(component: Component, root: Path | None = None) -> Path:
+    return (root or cache_root()) / "bin" / component.key
+
+
+def binary(name: str, root: Path | None = None) -> Path:
+    """Path of a cached binary (it may not exist yet: `lorapool cluster build` makes it)."""
+    component = BY_NAME[name]
+    return bin_dir(component, root) / component.name
