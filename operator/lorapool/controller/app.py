@@ -1,0 +1,146 @@
+"""The operator process: kopf watches wired to the PoolReconciler, leader election, metrics.
+
+The only module that imports kopf. Every watch handler just triggers a level-based
+reconcile of the affected pool; kopf writes nothing of its own to our objects (no
+finalizers, no progress annotations: event handlers only, children are removed by
+ownerReferences and the garbage collector).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+from kubernetes import client, config
+from prometheus_client import start_http_server
+
+from lorapool.api.models import GROUP, VERSION
+from lorapool.controller.kube import Kube
+from lorapool.controller.leader import LeaseElector
+from lorapool.controller.reconcile import PoolReconciler, Settings
+from lorapool.render.names import POOL_LABEL
+from lorapool.sources.config import ConfigCache, fetch_adapter_config
+
+log = logging.getLogger("lorapool.operator")
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    kubeconfig: str | None
+    namespaces: tuple[str, ...]  # empty: every namespace
+    settings: Settings
+    resync_s: float
+    metrics_port: int
+    liveness_port: int
+    bind: str
+    leader_election: bool
+    lease_namespace: str
+    lease_name: str
+    identity: str
+
+
+def _load_kube(kubeconfig: str | None) -> client.ApiClient:
+    if kubeconfig:
+        config.load_kube_config(config_file=kubeconfig)
+    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config()
+    else:
+        config.load_kube_config()
+    return client.ApiClient()
+
+
+def build_registry(reconciler: PoolReconciler) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+    adapter_pools: dict[tuple[str, str], str] = {}  # LoRAAdapter -> the pool it last pointed at
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        return kopf.login_via_client(**kwargs)
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.posting.enabled = False  # we post our own Events with reasons users can filter on
+        settings.watching.server_timeout = 270
+        settings.watching.client_timeout = 300
+        settings.watching.inactivity_timeout = 600
+        settings.persistence.finalizer = "lorapool.io/operator"
+
+    @kopf.on.event(GROUP, VERSION, "lorapools", registry=registry)
+    def pool_event(type: str | None, namespace: str, name: str, **_: Any) -> None:
+        if type == "DELETED":
+            reconciler.known.discard((namespace, name))
+            return
+        reconciler.trigger(namespace, name)
+
+    @kopf.on.event(GROUP, VERSION, "loraadapters", registry=registry)
+    def adapter_event(type: str | None, namespace: str, name: str, spec: Any, **_: Any) -> None:
+        pool = (spec or {}).get("poolRef", {}).get("name")
+        previous = adapter_pools.get((namespace, name))
+        if previous and previous != pool:
+            reconciler.trigger(namespace, previous)  # it left that pool
+        if type == "DELETED":
+            adapter_pools.pop((namespace, name), None)
+        elif pool:
+            adapter_pools[(namespace, name)] = pool
+        if pool:
+            reconciler.trigger(namespace, pool)
+
+    @kopf.on.event("apps", "v1", "deployments", labels={POOL_LABEL: kopf.PRESENT}, registry=registry)
+    def child_event(namespace: str, labels: Any, **_: Any) -> None:
+        reconciler.trigger(namespace, labels[POOL_LABEL])
+
+    @kopf.on.event(
+        "", "v1", "pods", labels={POOL_LABEL: kopf.PRESENT, "app.kubernetes.io/component": "engine"}, registry=registry
+    )
+    def pod_event(namespace: str, labels: Any, **_: Any) -> None:
+        reconciler.trigger(namespace, labels[POOL_LABEL])
+
+    return registry
+
+
+async def run_operator(cfg: OperatorConfig) -> int:
+    api = _load_kube(cfg.kubeconfig)
+    elector = None
+    if cfg.leader_election:
+        elector = LeaseElector(api, cfg.lease_namespace, cfg.lease_name, cfg.identity)
+        await elector.acquire()
+    start_http_server(cfg.metrics_port, addr=cfg.bind)
+    cache = ConfigCache(ttl_s=300)
+
+    async def fetch(source: str, revision: str | None) -> dict[str, Any]:
+        return await fetch_adapter_config(
+            source, revision=revision, timeout_s=cfg.settings.metadata_timeout_s, cache=cache
+        )
+
+    reconciler = PoolReconciler(Kube(api), fetch, cfg.settings)
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(_resync(reconciler, cfg.resync_s), name="resync")]
+    if elector is not None:
+        tasks.append(asyncio.create_task(elector.keep(stop), name="lease"))
+    try:
+        await kopf.operator(
+            registry=build_registry(reconciler),
+            standalone=True,  # no kopf peering: the Lease above decides who runs
+            clusterwide=not cfg.namespaces,
+            namespaces=list(cfg.namespaces),
+            liveness_endpoint=f"http://{cfg.bind}:{cfg.liveness_port}/healthz",
+            stop_flag=stop,
+        )
+    finally:
+        for task in tasks:
+            task.cancel()
+        if elector is not None:
+            await asyncio.to_thread(elector.release)
+    return 1 if stop.is_set() and elector is not None else 0
+
+
+async def _resync(reconciler: PoolReconciler, every_s: float) -> None:
+    """Drift correction: reconcile every known pool periodically, whatever changed."""
+    while True:
+        await asyncio.sleep(every_s)
+        for namespace, name in list(reconciler.known):
+            reconciler.trigger(namespace, name)

@@ -1,0 +1,79 @@
+"""`lorapool operator`: run the Kubernetes operator."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--kubeconfig",
+        default=os.environ.get("KUBECONFIG"),
+        help="kubeconfig file (default: $KUBECONFIG, in-cluster config, then ~/.kube/config)",
+    )
+    parser.add_argument(
+        "--namespace",
+        action="append",
+        default=[],
+        help="watch only this namespace (repeatable; default: all namespaces)",
+    )
+    parser.add_argument(
+        "--image",
+        default=os.environ.get("LORAPOOL_IMAGE"),
+        help="lorapool image for sidecars and routers (default: $LORAPOOL_IMAGE or the release image)",
+    )
+    parser.add_argument("--resync-seconds", type=float, default=60.0, help="drift-correction period (default 60)")
+    parser.add_argument(
+        "--metadata-timeout-seconds",
+        type=float,
+        default=10.0,
+        help="timeout for reading one adapter_config.json (default 10)",
+    )
+    parser.add_argument("--bind", default="0.0.0.0", help="address for the metrics and liveness servers")
+    parser.add_argument("--metrics-port", type=int, default=8080, help="Prometheus metrics port (default 8080)")
+    parser.add_argument(
+        "--liveness-port", type=int, default=8081, help="liveness endpoint /healthz port (default 8081)"
+    )
+    parser.add_argument(
+        "--leader-election",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="hold a Lease so only one replica reconciles (default on)",
+    )
+    parser.add_argument("--leader-election-namespace", default=os.environ.get("POD_NAMESPACE", "lorapool-system"))
+    parser.add_argument("--leader-election-name", default="lorapool-operator")
+    parser.add_argument("--identity", default=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}")
+    parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    from lorapool.controller.app import OperatorConfig, run_operator
+    from lorapool.controller.reconcile import Settings
+    from lorapool.render.manifests import RenderOptions
+
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    cfg = OperatorConfig(
+        kubeconfig=args.kubeconfig,
+        namespaces=tuple(args.namespace),
+        settings=Settings(
+            render=RenderOptions(lorapool_image=args.image) if args.image else RenderOptions(),
+            metadata_timeout_s=args.metadata_timeout_seconds,
+        ),
+        resync_s=args.resync_seconds,
+        metrics_port=args.metrics_port,
+        liveness_port=args.liveness_port,
+        bind=args.bind,
+        leader_election=args.leader_election,
+        lease_namespace=args.leader_election_namespace,
+        lease_name=args.leader_election_name,
+        identity=args.identity,
+    )
+    try:
+        return asyncio.run(run_operator(cfg))
+    except KeyboardInterrupt:
+        return 0

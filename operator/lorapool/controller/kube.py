@@ -1,0 +1,158 @@
+"""The operator's only Kubernetes I/O: server-side apply of children, reads, status patches.
+
+Thin shell over the official client (blocking; callers run it in a thread). Each child
+carries ``lorapool.io/applied-hash``: when the live object still has our hash and every
+field we set, nothing is sent, so a resync of an unchanged pool writes nothing. Every
+write is counted in ``lorapool_operator_writes_total``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from prometheus_client import Counter
+
+from lorapool.api.models import GROUP, VERSION
+from lorapool.render.names import FIELD_MANAGER
+
+APPLIED_HASH = "lorapool.io/applied-hash"
+
+WRITES = Counter("lorapool_operator_writes_total", "Writes the operator sent to the API server", ["kind", "verb"])
+
+# kind -> (API prefix, plural); every kind the renderer emits is namespaced.
+_PATHS: dict[str, tuple[str, str]] = {
+    "ConfigMap": ("/api/v1", "configmaps"),
+    "Service": ("/api/v1", "services"),
+    "ServiceAccount": ("/api/v1", "serviceaccounts"),
+    "Pod": ("/api/v1", "pods"),
+    "Deployment": ("/apis/apps/v1", "deployments"),
+    "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
+    "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles"),
+    "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
+    "LoRAPool": (f"/apis/{GROUP}/{VERSION}", "lorapools"),
+    "LoRAAdapter": (f"/apis/{GROUP}/{VERSION}", "loraadapters"),
+}
+
+
+def object_hash(obj: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def is_subset(desired: Any, live: Any) -> bool:
+    """True when every field of ``desired`` is in ``live`` with the same value (lists by position)."""
+    if isinstance(desired, dict):
+        return isinstance(live, dict) and all(k in live and is_subset(v, live[k]) for k, v in desired.items())
+    if isinstance(desired, list):
+        return isinstance(live, list) and len(desired) == len(live) and all(map(is_subset, desired, live))
+    return bool(desired == live)
+
+
+class Kube:
+    """Blocking API access for the reconcile; one instance per operator process."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str = "application/json",
+        query: list[tuple[str, str]] | None = None,
+    ) -> Any:
+        data = self.api.call_api(
+            path,
+            method,
+            query_params=query or [],
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _request_timeout=30,
+        )[0]
+        return json.loads(data.data or b"null")
+
+    def path(self, kind: str, namespace: str, name: str | None = None, sub: str | None = None) -> str:
+        prefix, plural = _PATHS[kind]
+        path = f"{prefix}/namespaces/{namespace}/{plural}"
+        if name:
+            path += f"/{name}"
+        if sub:
+            path += f"/{sub}"
+        return path
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self._call("GET", self.path(kind, namespace, name))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def list(self, kind: str, namespace: str, selector: str | None = None) -> list[dict[str, Any]]:
+        query = [("labelSelector", selector)] if selector else []
+        return list(self._call("GET", self.path(kind, namespace), query=query).get("items") or [])
+
+    def apply(self, obj: dict[str, Any]) -> bool:
+        """Server-side apply ``obj`` unless the live object already matches; True if written."""
+        meta = obj["metadata"]
+        digest = object_hash(obj)
+        desired = {
+            **obj,
+            "metadata": {**meta, "annotations": {**(meta.get("annotations") or {}), APPLIED_HASH: digest}},
+        }
+        live = self.get(obj["kind"], meta["namespace"], meta["name"])
+        if (
+            live is not None
+            and (live["metadata"].get("annotations") or {}).get(APPLIED_HASH) == digest
+            and is_subset(obj, live)
+        ):
+            return False
+        self._call(
+            "PATCH",
+            self.path(obj["kind"], meta["namespace"], meta["name"]),
+            body=desired,
+            content_type="application/apply-patch+yaml",
+            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+        )
+        WRITES.labels(obj["kind"], "apply").inc()
+        return True
+
+    def patch_status(self, kind: str, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        self._call(
+            "PATCH",
+            self.path(kind, namespace, name, "status"),
+            body={"status": status},
+            content_type="application/merge-patch+json",
+        )
+        WRITES.labels(kind, "status").inc()
+
+    def event(self, involved: Mapping[str, Any], *, reason: str, message: str, type_: str = "Normal") -> None:
+        """Record a core/v1 Event on ``involved`` (a pool or adapter)."""
+        meta = involved["metadata"]
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": involved["apiVersion"],
+                "kind": involved["kind"],
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": type_,
+            "source": {"component": FIELD_MANAGER},
+            "reportingComponent": FIELD_MANAGER,
+            "count": 1,
+        }
+        self._call("POST", f"/api/v1/namespaces/{meta['namespace']}/events", body=body)
+        WRITES.labels("Event", "create").inc()
