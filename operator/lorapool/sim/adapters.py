@@ -1,0 +1,114 @@
+"""Read a PEFT adapter directory and refuse what vLLM refuses, with vLLM's status codes.
+
+Called by the HTTP shell for ``/v1/load_lora_adapter`` and for ``--lora-modules`` at start-up.
+It reads the real files: ``adapter_config.json`` through ``lorapool.api.peft`` and the
+safetensors header through ``lorapool.testing.peft``; the tensors themselves are never loaded.
+
+Status codes follow vLLM's ``OpenAIServingModels.load_lora_adapter`` (vLLM 0.10.1 and later):
+any failure of the engine's ``add_lora`` is 400 ``BadRequestError``, except a missing adapter
+(``No adapter found``), which is 404 ``NotFoundError``. vLLM has no 500 for a bad adapter: rank
+above ``--max-lora-rank``, DoRA and unreadable tensors are all 400 with a message that says why.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from lorapool.api.peft import AdapterConfig, parse_adapter_config
+from lorapool.errors import AdapterError
+from lorapool.testing.peft import read_safetensors_header
+
+# Modules vLLM's Llama implementation accepts LoRA weights for (packed into qkv/gate_up).
+LLAMA_LORA_MODULES = frozenset(
+    {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "embed_tokens", "lm_head"}
+)
+_TENSOR_FILES = ("adapter_model.safetensors", "adapter_model.bin", "adapter_model.pt")
+
+
+class AdapterLoadError(Exception):
+    """A load vLLM would refuse: HTTP status, vLLM error type and message."""
+
+    def __init__(self, status: int, err_type: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.err_type = err_type
+        self.message = message
+
+
+@dataclass(frozen=True)
+class AdapterFiles:
+    """What the simulator keeps of a readable adapter."""
+
+    path: str
+    config: AdapterConfig
+    tensor_bytes: int
+
+
+def read_adapter(name: str, path: str, *, max_lora_rank: int) -> AdapterFiles:
+    """Validate ``path`` as vLLM's worker would; raise AdapterLoadError if vLLM would refuse it."""
+    directory = Path(path)
+    config_file = directory / "adapter_config.json"
+    if not config_file.is_file():
+        # vLLM first tries the path as a Hugging Face repo id; the simulator has no network.
+        raise AdapterLoadError(404, "NotFoundError", f"Loading lora {name} failed: No adapter found for {path}")
+    try:
+        raw = json.loads(config_file.read_text())
+        config = parse_adapter_config(raw, where=str(config_file))
+    except (OSError, ValueError, AdapterError) as exc:
+        raise AdapterLoadError(400, "BadRequestError", f"Loading lora {name} failed: {exc}") from exc
+
+    refusals = list(config.problems)
+    if config.rank > max_lora_rank:
+        refusals.insert(0, f"LoRA rank {config.rank} is greater than max_lora_rank {max_lora_rank}.")
+    if refusals:
+        raise AdapterLoadError(400, "BadRequestError", " ".join(refusals))
+
+    tensors = next((directory / f for f in _TENSOR_FILES if (directory / f).is_file()), None)
+    if tensors is None:
+        raise AdapterLoadError(400, "BadRequestError", f"{path} doesn't contain tensors")
+    if tensors.suffix != ".safetensors":
+        return AdapterFiles(path=path, config=config, tensor_bytes=tensors.stat().st_size)
+    try:
+        modules = _check_safetensors(tensors)
+    except (OSError, ValueError) as exc:
+        raise AdapterLoadError(
+            400,
+            "BadRequestError",
+            f"Loading lora {name} failed: {tensors.name} is not a readable safetensors file: {exc}",
+        ) from exc
+    if unexpected := sorted(modules - LLAMA_LORA_MODULES):
+        raise AdapterLoadError(
+            400,
+            "BadRequestError",
+            f"While loading {path}, expected target modules in {sorted(LLAMA_LORA_MODULES)} "
+            f"but received {unexpected}. Please verify that the loaded LoRA module is correct",
+        )
+    return AdapterFiles(path=path, config=config, tensor_bytes=tensors.stat().st_size)
+
+
+def _check_safetensors(path: Path) -> set[str]:
+    """The LoRA module names in a safetensors file whose header and data extent are sound."""
+    header = read_safetensors_header(path)
+    size = path.stat().st_size
+    with path.open("rb") as fh:
+        header_len = int.from_bytes(fh.read(8), "little")
+    data_bytes = size - 8 - header_len
+    modules: set[str] = set()
+    for tensor, info in header.items():
+        if tensor == "__metadata__":
+            continue
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and 0 <= offsets[0] <= offsets[1]):
+            raise ValueError(f"tensor {tensor!r} has no valid data_offsets")
+        if offsets[1] > data_bytes:
+            raise ValueError(f"tensor {tensor!r} ends at byte {offsets[1]} but the file holds {data_bytes}")
+        parts = tensor.split(".")
+        for marker in ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B"):
+            if marker in parts:
+                modules.add(parts[parts.index(marker) - 1])
+                break
+    if not modules:
+        raise ValueError("no lora_A/lora_B tensors")
+    return modules

@@ -1,0 +1,490 @@
+"""The simulated vLLM V1 engine: a pure, synchronous state machine stepped by the shell.
+
+Pure: no clock, no I/O, no asyncio. ``server.py`` (the only caller in production) adds
+requests, calls ``step()`` from one background task, sleeps ``duration_s x time_scale`` and
+then hands the emitted tokens to the waiting HTTP handlers. ``run_workload`` drives the same
+engine on a virtual clock for tests and offline experiments.
+
+What it reproduces from vLLM (``vllm/v1/core/sched/scheduler.py``, ``vllm/lora/``):
+
+* continuous batching with chunked prefill under a token budget
+  (``--max-num-batched-tokens``) and a sequence cap (``--max-num-seqs``); running requests are
+  scheduled first, in admission order, then waiting requests first-come first-served;
+* the max-loras admission rule: a waiting request whose adapter is not in this step's batch is
+  skipped (it stays at the head of the queue, in order) once ``max_loras`` distinct adapters are
+  scheduled, and later requests may overtake it;
+* paged KV cache in blocks: a waiting request is admitted only if its blocks fit; a running
+  request that cannot grow preempts the most recently admitted request, which recomputes later;
+* GPU slots (``max_loras``) and a CPU cache (``max_cpu_loras``), both least-recently-used; a
+  batch adapter missing from the slots is loaded inside the step, from the CPU cache or from
+  disk, and the whole batch waits for it;
+* step time from ``TimingParams``: batch size, prefill tokens, distinct adapters, load stalls.
+
+What it leaves out: prefix caching, speculative decoding, priorities, n > 1, beam search.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from lorapool.api.peft import VLLM_RANKS
+from lorapool.sim.timing import TimingParams
+
+WAITING, RUNNING, FINISHED = 0, 1, 2
+FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort")
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterRef:
+    """A loaded adapter as the engine knows it: vLLM's lora_int_id plus what prices a load."""
+
+    lora_id: int
+    name: str
+    rank: int
+    path: str
+
+
+@dataclass(slots=True, eq=False)
+class SimRequest:
+    """One generation request. The shell fills the first block; the engine owns the rest."""
+
+    request_id: str
+    prompt_tokens: int
+    output_tokens: int  # tokens to generate before finishing
+    finish_reason: str = "length"  # reported when output_tokens are reached: "length" or "stop"
+    adapter: AdapterRef | None = None
+    handle: Any = None  # opaque to the engine: the shell's per-request waiter
+    arrival_s: float = 0.0  # virtual clock, set by run_workload
+    # engine-owned state
+    state: int = WAITING
+    prefill_len: int = 0  # tokens to prefill: the prompt, or prompt + output after a preemption
+    computed: int = 0  # of prefill_len
+    kv_tokens: int = 0
+    blocks: int = 0
+    generated: int = 0
+    num_preemptions: int = 0
+    first_token_s: float = -1.0
+    finished_s: float = -1.0
+    final_reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadEvent:
+    """An adapter copied into a GPU slot: from the CPU cache, or from disk (cold = first read)."""
+
+    adapter: str
+    source: str  # "cpu" or "disk"
+    cold: bool
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """What one engine step did and how long it took (simulated seconds)."""
+
+    duration_s: float
+    forward_s: float
+    stall_s: float
+    num_seqs: int
+    prefill_tokens: int
+    decode_tokens: int
+    distinct_adapters: int
+    loads: tuple[LoadEvent, ...]
+    emitted: list[SimRequest]  # requests that produced one token in this step
+    finished: list[SimRequest]
+    preempted: int
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """vLLM's scheduler, cache and LoRA settings, with vLLM's startup checks."""
+
+    num_gpu_blocks: int
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 8192
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None  # None: equal to max_loras, as in vLLM
+
+    def __post_init__(self) -> None:
+        if self.max_lora_rank not in VLLM_RANKS:
+            raise ValueError(f"--max-lora-rank={self.max_lora_rank} is not one of vLLM's ranks {VLLM_RANKS}")
+        if self.max_loras < 1:
+            raise ValueError(f"--max-loras={self.max_loras} must be >= 1")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(
+                f"--max-cpu-loras={self.max_cpu_loras} must be >= --max-loras={self.max_loras} "
+                "(vLLM refuses to start); raise --max-cpu-loras or lower --max-loras"
+            )
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1 or self.block_size < 1:
+            raise ValueError("--max-num-seqs, --max-num-batched-tokens and --block-size must be >= 1")
+        if self.num_gpu_blocks * self.block_size < self.max_model_len:
+            raise ValueError(
+                f"the KV cache holds {self.num_gpu_blocks * self.block_size} tokens, fewer than "
+                f"--max-model-len={self.max_model_len} (vLLM refuses to start); lower "
+                "--max-model-len, --max-loras or --max-lora-rank, or raise "
+                "--gpu-memory-utilization"
+            )
+
+    @property
+    def cpu_capacity(self) -> int:
+        return self.max_loras if self.max_cpu_loras is None else self.max_cpu_loras
+
+
+@dataclass
+class EngineStats:
+    """Monotonic counters the metrics endpoint exposes."""
+
+    steps: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    preemptions: int = 0
+    finished: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FINISH_REASONS, 0))
+    loads: dict[str, int] = field(default_factory=lambda: {"cpu": 0, "disk": 0})
+    cold_loads: int = 0
+    stall_s: float = 0.0
+    busy_s: float = 0.0
+
+
+class Engine:
+    """The scheduler, KV cache and LoRA caches of one vLLM replica."""
+
+    def __init__(self, config: EngineConfig, timing: TimingParams) -> None:
+        self.config = config
+        self.timing = timing
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.free_blocks = config.num_gpu_blocks
+        self.clock_s = 0.0  # simulated seconds spent in steps and loads
+        self.stats = EngineStats()
+        self._gpu: OrderedDict[int, AdapterRef] = OrderedDict()  # least recently used first
+        self._cpu: OrderedDict[int, AdapterRef] = OrderedDict()
+        self._seen_paths: set[str] = set()
+        self._running_names: dict[str, int] = {}
+        self._waiting_names: dict[str, int] = {}
+
+    # -- requests -------------------------------------------------------------------------
+
+    def add_request(self, req: SimRequest) -> None:
+        """Queue a request; the shell has already checked it fits max_model_len."""
+        req.state = WAITING
+        req.prefill_len = req.prompt_tokens
+        self.waiting.append(req)
+        if req.adapter is not None:
+            _inc(self._waiting_names, req.adapter.name)
+
+    def abort(self, req: SimRequest) -> bool:
+        """Drop a request the client gave up on; False when it had already finished."""
+        if req.state == FINISHED:
+            return False
+        if req.state == RUNNING:
+            self.running.remove(req)
+            self._release(req)
+            if req.adapter is not None:
+                _dec(self._running_names, req.adapter.name)
+        else:
+            self.waiting.remove(req)
+            if req.adapter is not None:
+                _dec(self._waiting_names, req.adapter.name)
+        req.state = FINISHED
+        req.final_reason = "abort"
+        req.finished_s = self.clock_s
+        self.stats.finished["abort"] += 1
+        return True
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """Fraction of KV blocks in use, as vllm:kv_cache_usage_perc (1.0 = full)."""
+        total = self.config.num_gpu_blocks
+        return (total - self.free_blocks) / total
+
+    def running_adapter_names(self) -> tuple[str, ...]:
+        return tuple(self._running_names)
+
+    def waiting_adapter_names(self) -> tuple[str, ...]:
+        return tuple(self._waiting_names)
+
+    def gpu_adapters(self) -> tuple[str, ...]:
+        """Adapters in GPU slots, least recently used first."""
+        return tuple(ref.name for ref in self._gpu.values())
+
+    def cpu_adapters(self) -> tuple[str, ...]:
+        """Adapters in the CPU cache, least recently used first."""
+        return tuple(ref.name for ref in self._cpu.values())
+
+    # -- adapters -------------------------------------------------------------------------
+
+    def load_adapter(self, ref: AdapterRef, *, replace: bool = False) -> LoadEvent:
+        """vLLM's add_lora utility call: read from disk into the CPU cache and a GPU slot.
+
+        It runs between steps, so the shell must hold the next step back by ``seconds``.
+        ``replace`` re-reads an adapter already cached under the same id (load_inplace).
+        """
+        if replace:
+            self._cpu.pop(ref.lora_id, None)
+            self._gpu.pop(ref.lora_id, None)
+        in_use = {r.adapter.lora_id for r in self.running if r.adapter is not None}
+        if ref.lora_id in self._cpu:
+            self._cpu.move_to_end(ref.lora_id)
+            event = LoadEvent(ref.name, "cpu", False, 0.0)
+        else:
+            cold = ref.path not in self._seen_paths
+            seconds = self.timing.disk_load_s(ref.rank, cold=cold)
+            self._seen_paths.add(ref.path)
+            self._cpu_insert(ref, in_use)
+            event = LoadEvent(ref.name, "disk", cold, seconds)
+        if ref.lora_id not in self._gpu and self._gpu_has_room(in_use):
+            self._gpu_insert(ref, in_use)
+            event = LoadEvent(event.adapter, event.source, event.cold, event.seconds + self.timing.gpu_load_s(ref.rank))
+        elif ref.lora_id in self._gpu:
+            self._gpu.move_to_end(ref.lora_id)
+        self._account_loads((event,) if event.seconds > 0 else ())
+        self.clock_s += event.seconds
+        return event
+
+    # -- the step -------------------------------------------------------------------------
+
+    def step(self) -> StepResult:
+        """Schedule one batch, load its adapters, advance every scheduled request."""
+        cfg = self.config
+        block = cfg.block_size
+        budget = cfg.max_num_batched_tokens
+        running = self.running
+        scheduled: list[tuple[SimRequest, int]] = []
+        loras: dict[int, AdapterRef] = {}
+        prefill_tokens = 0
+        preempted = 0
+
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            remaining = req.prefill_len - req.computed
+            n = min(remaining, budget) if remaining > 0 else 1
+            need = -(-(req.kv_tokens + n) // block) - req.blocks
+            self_preempted = False
+            while need > self.free_blocks:
+                victim = running.pop()
+                self._preempt(victim)
+                preempted += 1
+                if victim is req:
+                    self_preempted = True
+                    break
+            if self_preempted:
+                break
+            self.free_blocks -= need
+            req.blocks += need
+            scheduled.append((req, n))
+            budget -= n
+            if remaining > 0:
+                prefill_tokens += n
+            if req.adapter is not None:
+                loras[req.adapter.lora_id] = req.adapter
+            i += 1
+
+        waiting = self.waiting
+        skipped: list[SimRequest] = []
+        while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
+            req = waiting[0]
+            adapter = req.adapter
+            if adapter is not None and len(loras) >= cfg.max_loras and adapter.lora_id not in loras:
+                skipped.append(waiting.popleft())  # vLLM: scheduling would exceed max_loras
+                continue
+            n = min(req.prefill_len - req.computed, budget)
+            need = -(-(req.kv_tokens + n) // block) - req.blocks
+            if need > self.free_blocks:
+                break
+            waiting.popleft()
+            req.state = RUNNING
+            running.append(req)
+            self.free_blocks -= need
+            req.blocks += need
+            scheduled.append((req, n))
+            budget -= n
+            prefill_tokens += n
+            if adapter is not None:
+                loras[adapter.lora_id] = adapter
+                _dec(self._waiting_names, adapter.name)
+                _inc(self._running_names, adapter.name)
+        if skipped:
+            waiting.extendleft(reversed(skipped))
+
+        loads: tuple[LoadEvent, ...] = ()
+        stall_s = 0.0
+        if loras:
+            loads = self._activate(loras)
+            stall_s = sum(event.seconds for event in loads)
+            self._account_loads(loads)
+        forward_s = self.timing.forward_s(len(scheduled), prefill_tokens, len(loras))
+        duration_s = forward_s + stall_s
+        self.clock_s += duration_s
+        now = self.clock_s
+
+        emitted: list[SimRequest] = []
+        finished: list[SimRequest] = []
+        stats = self.stats
+        for req, n in scheduled:
+            req.kv_tokens += n
+            if req.computed < req.prefill_len:
+                req.computed += n
+                if req.computed < req.prefill_len:
+                    continue  # a prefill chunk that does not finish the prompt samples nothing
+                if req.first_token_s < 0:
+                    req.first_token_s = now
+                    stats.prompt_tokens += req.prompt_tokens
+            req.generated += 1
+            emitted.append(req)
+            if req.generated >= req.output_tokens:
+                req.state = FINISHED
+                req.final_reason = req.finish_reason
+                req.finished_s = now
+                self._release(req)
+                if req.adapter is not None:
+                    _dec(self._running_names, req.adapter.name)
+                stats.finished[req.finish_reason] += 1
+                finished.append(req)
+        if finished:
+            self.running = [r for r in running if r.state == RUNNING]
+        decode_tokens = len(emitted)
+        stats.generation_tokens += decode_tokens
+        stats.preemptions += preempted
+        if scheduled:
+            stats.steps += 1
+            stats.busy_s += duration_s
+        return StepResult(
+            duration_s=duration_s,
+            forward_s=forward_s,
+            stall_s=stall_s,
+            num_seqs=len(scheduled),
+            prefill_tokens=prefill_tokens,
+            decode_tokens=decode_tokens,
+            distinct_adapters=len(loras),
+            loads=loads,
+            emitted=emitted,
+            finished=finished,
+            preempted=preempted,
+        )
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _activate(self, batch: dict[int, AdapterRef]) -> tuple[LoadEvent, ...]:
+        """Make every batch adapter resident in a GPU slot; return the loads that stalled."""
+        events: list[LoadEvent] = []
+        gpu, cpu = self._gpu, self._cpu
+        for lora_id, ref in batch.items():
+            if lora_id in gpu:
+                gpu.move_to_end(lora_id)
+                if lora_id in cpu:
+                    cpu.move_to_end(lora_id)
+                continue
+            if lora_id in cpu:
+                cpu.move_to_end(lora_id)
+                events.append(LoadEvent(ref.name, "cpu", False, self.timing.gpu_load_s(ref.rank)))
+            else:
+                cold = ref.path not in self._seen_paths
+                self._seen_paths.add(ref.path)
+                seconds = self.timing.disk_load_s(ref.rank, cold=cold) + self.timing.gpu_load_s(ref.rank)
+                self._cpu_insert(ref, batch)
+                events.append(LoadEvent(ref.name, "disk", cold, seconds))
+            self._gpu_insert(ref, batch)
+        return tuple(events)
+
+    def _gpu_has_room(self, protect: Iterable[int]) -> bool:
+        if len(self._gpu) < self.config.max_loras:
+            return True
+        protected = set(protect)
+        return any(lora_id not in protected for lora_id in self._gpu)
+
+    def _gpu_insert(self, ref: AdapterRef, protect: dict[int, AdapterRef] | set[int]) -> None:
+        gpu = self._gpu
+        if len(gpu) >= self.config.max_loras:
+            victim = next((lid for lid in gpu if lid not in protect), None)
+            if victim is None:  # cannot happen: a batch never holds more than max_loras adapters
+                raise AssertionError("every GPU slot holds an adapter of the running batch")
+            del gpu[victim]
+        gpu[ref.lora_id] = ref
+
+    def _cpu_insert(self, ref: AdapterRef, protect: dict[int, AdapterRef] | set[int]) -> None:
+        cpu = self._cpu
+        while len(cpu) >= self.config.cpu_capacity:
+            victim = next((lid for lid in cpu if lid not in protect), next(iter(cpu)))
+            del cpu[victim]
+            self._gpu.pop(victim, None)  # vLLM deactivates what leaves the CPU cache
+        cpu[ref.lora_id] = ref
+
+    def _account_loads(self, loads: tuple[LoadEvent, ...]) -> None:
+        for event in loads:
+            self.stats.loads[event.source] += 1
+            self.stats.cold_loads += event.cold
+            self.stats.stall_s += event.seconds
+
+    def _preempt(self, req: SimRequest) -> None:
+        """vLLM V1 recompute preemption: free the blocks, requeue at the head of waiting."""
+        self._release(req)
+        req.state = WAITING
+        req.prefill_len = req.prompt_tokens + req.generated
+        req.computed = 0
+        req.kv_tokens = 0
+        req.num_preemptions += 1
+        self.waiting.appendleft(req)
+        if req.adapter is not None:
+            _dec(self._running_names, req.adapter.name)
+            _inc(self._waiting_names, req.adapter.name)
+
+    def _release(self, req: SimRequest) -> None:
+        self.free_blocks += req.blocks
+        req.blocks = 0
+
+
+def run_workload(engine: Engine, arrivals: Iterable[tuple[float, SimRequest]]) -> list[StepResult]:
+    """Run requests arriving at virtual times to completion; return every step taken.
+
+    Arrivals must be sorted by time. Idle gaps advance the clock to the next arrival. Each
+    request ends with ``arrival_s``, ``first_token_s`` and ``finished_s`` on the same clock.
+    """
+    pending: Iterator[tuple[float, SimRequest]] = iter(arrivals)
+    upcoming = next(pending, None)
+    steps: list[StepResult] = []
+    while upcoming is not None or engine.has_work:
+        while upcoming is not None and upcoming[0] <= engine.clock_s:
+            upcoming[1].arrival_s = upcoming[0]
+            engine.add_request(upcoming[1])
+            upcoming = next(pending, None)
+        if not engine.has_work:
+            assert upcoming is not None
+            engine.clock_s = upcoming[0]
+            continue
+        result = engine.step()
+        if result.num_seqs == 0:
+            raise RuntimeError("engine made no progress with work queued")  # a scheduler bug
+        steps.append(result)
+    return steps
+
+
+def _inc(counts: dict[str, int], name: str) -> None:
+    counts[name] = counts.get(name, 0) + 1
+
+
+def _dec(counts: dict[str, int], name: str) -> None:
+    left = counts[name] - 1
+    if left:
+        counts[name] = left
+    else:
+        del counts[name]

@@ -1,0 +1,256 @@
+"""vLLM's OpenAI-compatible request checks and response shapes. Pure: dicts in, dicts out.
+
+Shapes follow vLLM 0.10.1 and later (``vllm/entrypoints/openai/protocol.py`` and the serving
+classes): errors are ``{"error": {"message", "type", "param", "code"}}`` (the older top-level
+``{"object": "error", ...}`` shape was replaced by vLLM PR #22099); completions carry
+``stop_reason`` and ``prompt_logprobs``; streamed usage arrives in a last chunk with empty
+``choices`` when ``stream_options.include_usage`` is set.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from lorapool.sim.text import count_chat_tokens, count_text_tokens
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # vLLM's CompletionRequest default, as OpenAI's legacy API
+
+_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
+class RequestError(Exception):
+    """A request vLLM answers with an error body instead of generating."""
+
+    def __init__(self, status: int, err_type: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.err_type = err_type
+        self.message = message
+        self.param = param
+
+
+def dumps(obj: Any) -> bytes:
+    """Compact JSON, as vLLM's pydantic ``model_dump_json``."""
+    return _dumps(obj).encode()
+
+
+def error_body(message: str, err_type: str, status: int, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": err_type, "param": param, "code": status}}
+
+
+def bad_request(message: str, param: str | None = None) -> RequestError:
+    return RequestError(400, "BadRequestError", message, param)
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """A parsed /v1/completions or /v1/chat/completions request."""
+
+    chat: bool
+    model: str | None
+    prompt: str  # what seeds the output text
+    prompt_tokens: int
+    max_tokens: int | None
+    stream: bool
+    include_usage: bool
+    ignore_eos: bool
+    seed: int | None
+
+
+def parse_generation(body: Any, *, chat: bool) -> Generation:
+    """Check a request body the way vLLM's request models do; raise RequestError if refused."""
+    if not isinstance(body, Mapping):
+        raise bad_request("the request body must be a JSON object")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad_request("'model' must be a string", "model")
+    n = body.get("n", 1)
+    if n != 1 and n is not None:
+        raise bad_request("the simulator serves n=1 only", "n")
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, Mapping) for m in messages):
+            raise bad_request("'messages' must be a non-empty list of message objects", "messages")
+        try:
+            prompt_tokens, prompt = count_chat_tokens(messages)
+        except ValueError as exc:
+            raise bad_request(str(exc), "messages") from exc
+        max_tokens = _optional_int(body, "max_completion_tokens")
+        if max_tokens is None:
+            max_tokens = _optional_int(body, "max_tokens")
+    else:
+        prompt, prompt_tokens = _completion_prompt(body.get("prompt"))
+        max_tokens = _optional_int(body, "max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS)
+    if max_tokens is not None and max_tokens < 1:
+        raise bad_request(f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise bad_request("'stream' must be a boolean", "stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, Mapping):
+        raise bad_request("'stream_options' must be an object", "stream_options")
+    if options is not None and not stream:
+        raise bad_request("Stream options can only be defined when `stream=True`.", "stream_options")
+    include_usage = bool(options and options.get("include_usage"))
+    seed = body.get("seed")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise bad_request("'seed' must be an integer", "seed")
+    return Generation(
+        chat=chat,
+        model=model,
+        prompt=prompt,
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        stream=stream,
+        include_usage=include_usage,
+        ignore_eos=bool(body.get("ignore_eos", False)),
+        seed=seed,
+    )
+
+
+def _optional_int(body: Mapping[str, Any], key: str, default: int | None = None) -> int | None:
+    value = body.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise bad_request(f"'{key}' must be an integer", key)
+    return value
+
+
+def _completion_prompt(prompt: Any) -> tuple[str, int]:
+    if isinstance(prompt, str):
+        return prompt, count_text_tokens(prompt)
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        return prompt[0], count_text_tokens(prompt[0])
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return ",".join(map(str, prompt)), len(prompt)
+    if prompt is None:
+        raise bad_request("'prompt' is required", "prompt")
+    raise bad_request("'prompt' must be a string or a list of token ids (one prompt per request)", "prompt")
+
+
+def check_context(prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> int:
+    """vLLM's context-length checks; return max_tokens with the chat default filled in."""
+    if prompt_tokens >= max_model_len:
+        raise bad_request(
+            f"This model's maximum context length is {max_model_len} tokens. However, your "
+            f"request has {prompt_tokens} input tokens. Please reduce the length of the input "
+            f"messages. (parameter=input_tokens, value={prompt_tokens})",
+            "input_tokens",
+        )
+    if max_tokens is None:
+        return max_model_len - prompt_tokens
+    if prompt_tokens + max_tokens > max_model_len:
+        raise bad_request(
+            f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's "
+            f"maximum context length is {max_model_len} tokens and your request has "
+            f"{prompt_tokens} input tokens ({max_tokens} > {max_model_len} - {prompt_tokens}). "
+            f"(parameter=max_tokens, value={max_tokens})",
+            "max_tokens",
+        )
+    return max_tokens
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+        "prompt_tokens_details": None,
+    }
+
+
+def completion(rid: str, created: int, model: str, text: str, finish: str, used: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": finish,
+                "stop_reason": None,
+                "prompt_logprobs": None,
+            }
+        ],
+        "usage": used,
+        "kv_transfer_params": None,
+    }
+
+
+def chat_completion(rid: str, created: int, model: str, text: str, finish: str, used: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": []},
+                "logprobs": None,
+                "finish_reason": finish,
+                "stop_reason": None,
+            }
+        ],
+        "usage": used,
+        "prompt_logprobs": None,
+        "kv_transfer_params": None,
+    }
+
+
+def completion_chunk(rid: str, created: int, model: str, text: str, finish: str | None) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}],
+    }
+
+
+def chat_chunk(rid: str, created: int, model: str, delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    if finish is not None:
+        choice["stop_reason"] = None
+    return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [choice]}
+
+
+def usage_chunk(rid: str, created: int, model: str, chat: bool, used: dict[str, Any]) -> dict[str, Any]:
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    return {"id": rid, "object": kind, "created": created, "model": model, "choices": [], "usage": used}
+
+
+def model_card(model_id: str, created: int, root: str, parent: str | None, max_model_len: int | None) -> dict[str, Any]:
+    """A /v1/models entry; vLLM sets max_model_len on the base card only."""
+    return {
+        "id": model_id,
+        "object": "model",
+        "created": created,
+        "owned_by": "vllm",
+        "root": root,
+        "parent": parent,
+        "max_model_len": max_model_len,
+        "permission": [
+            {
+                "id": f"modelperm-{model_id}",
+                "object": "model_permission",
+                "created": created,
+                "allow_create_engine": False,
+                "allow_sampling": True,
+                "allow_logprobs": True,
+                "allow_search_indices": False,
+                "allow_view": True,
+                "allow_fine_tuning": False,
+                "organization": "*",
+                "group": None,
+                "is_blocking": False,
+            }
+        ],
+    }

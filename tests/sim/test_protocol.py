@@ -1,0 +1,92 @@
+"""Request checks vLLM makes before generating, and the error shape it answers with."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from lorapool.sim.protocol import (
+    COMPLETIONS_DEFAULT_MAX_TOKENS,
+    RequestError,
+    check_context,
+    error_body,
+    parse_generation,
+)
+
+
+def test_error_shape_is_vllm_0_10_1_and_later() -> None:
+    assert error_body("boom", "NotFoundError", 404, "model") == {
+        "error": {"message": "boom", "type": "NotFoundError", "param": "model", "code": 404}
+    }
+
+
+def test_completion_defaults() -> None:
+    gen = parse_generation({"model": "m", "prompt": "abcdefgh"}, chat=False)
+    assert (gen.prompt_tokens, gen.max_tokens, gen.stream, gen.include_usage) == (
+        2,
+        COMPLETIONS_DEFAULT_MAX_TOKENS,
+        False,
+        False,
+    )
+
+
+def test_chat_leaves_max_tokens_to_the_context() -> None:
+    gen = parse_generation({"messages": [{"role": "user", "content": "hi"}]}, chat=True)
+    assert gen.model is None and gen.max_tokens is None
+    assert check_context(gen.prompt_tokens, gen.max_tokens, 100) == 100 - gen.prompt_tokens
+    both = parse_generation(
+        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 9, "max_completion_tokens": 3}, chat=True
+    )
+    assert both.max_tokens == 3
+
+
+def test_token_id_prompts_count_one_token_each() -> None:
+    assert parse_generation({"prompt": [1, 2, 3, 4, 5]}, chat=False).prompt_tokens == 5
+
+
+@pytest.mark.parametrize(
+    ("body", "chat", "param"),
+    [
+        pytest.param([], False, None, id="not-an-object"),
+        pytest.param({}, False, "prompt", id="no-prompt"),
+        pytest.param({"prompt": ["a", "b"]}, False, "prompt", id="batch-of-prompts"),
+        pytest.param({"prompt": "x", "max_tokens": 0}, False, "max_tokens", id="max-tokens-zero"),
+        pytest.param({"prompt": "x", "max_tokens": "5"}, False, "max_tokens", id="max-tokens-string"),
+        pytest.param({"prompt": "x", "n": 2}, False, "n", id="n-above-1"),
+        pytest.param(
+            {"prompt": "x", "stream_options": {"include_usage": True}},
+            False,
+            "stream_options",
+            id="options-without-stream",
+        ),
+        pytest.param({"prompt": "x", "model": 3}, False, "model", id="model-not-string"),
+        pytest.param({"messages": []}, True, "messages", id="no-messages"),
+        pytest.param({"messages": [{"content": "x"}]}, True, "messages", id="message-without-role"),
+        pytest.param({"messages": [{"role": "user", "content": 5}]}, True, "messages", id="content-not-text"),
+    ],
+)
+def test_bad_bodies_are_400(body: Any, chat: bool, param: str | None) -> None:
+    with pytest.raises(RequestError) as caught:
+        parse_generation(body, chat=chat)
+    assert (caught.value.status, caught.value.err_type, caught.value.param) == (400, "BadRequestError", param)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "max_tokens", "param", "text"),
+    [
+        pytest.param(100, 1, "input_tokens", "your request has 100 input tokens", id="prompt-fills-context"),
+        pytest.param(
+            90, 20, "max_tokens", "'max_tokens' or 'max_completion_tokens' is too large: 20", id="output-overflows"
+        ),
+    ],
+)
+def test_context_length_checks(prompt: int, max_tokens: int, param: str, text: str) -> None:
+    with pytest.raises(RequestError) as caught:
+        check_context(prompt, max_tokens, 100)
+    assert caught.value.param == param
+    assert text in caught.value.message
+
+
+def test_context_that_fits_passes() -> None:
+    assert check_context(90, 10, 100) == 10
