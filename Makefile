@@ -10,8 +10,7 @@ install:
 	$(PIP) install --quiet --disable-pip-version-check -e '.[test]'
 
 run: install
-	lorapool plan -f examples/lorapool.yaml
-	lorapool render -f examples/lorapool.yaml
+	lorapool dev
 
 lint:
 	ruff check operator tests bench
