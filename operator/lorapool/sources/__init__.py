@@ -13,13 +13,14 @@ Schemes: file://, pvc://claim/path, http(s)://, s3://bucket/prefix, hf://org/rep
 
 from lorapool.sources.base import Downloaded, Limits, Source, SourceOptions, redact_url
 from lorapool.sources.config import ConfigCache, fetch_adapter_config
-from lorapool.sources.download import Downloader, Fetched
+from lorapool.sources.download import ChecksumMismatch, Downloader, Fetched
 from lorapool.sources.layout import check_name
 from lorapool.sources.registry import open_source
 from lorapool.sources.store import AdapterStore, Origin, adapter_identity
 
 __all__ = [
     "AdapterStore",
+    "ChecksumMismatch",
     "ConfigCache",
     "Downloaded",
     "Downloader",

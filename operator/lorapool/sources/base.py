@@ -71,10 +71,7 @@ class Source(Protocol):
 def redact_url(url: str) -> str:
     """Drop userinfo, query and fragment: pre-signed URLs and basic auth carry secrets."""
     parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
 
 
 class Deadline:

@@ -41,6 +41,10 @@ from lorapool.sources.registry import open_source
 from lorapool.sources.store import AdapterStore, Origin, adapter_identity, tree_manifest
 
 
+class ChecksumMismatch(AdapterError):
+    """The downloaded bytes are not the ones ``sha256`` names."""
+
+
 @dataclass(frozen=True)
 class Fetched:
     """An adapter in the store, pinned until the caller ``release``s it."""
@@ -160,7 +164,7 @@ class Downloader:
                 weights = weights_name(files)
                 actual, what = manifest[weights], weights
             if actual != sha256.lower():
-                raise AdapterError(
+                raise ChecksumMismatch(
                     f"adapter {name!r}: sha256 mismatch for {what} of {where}: "
                     f"expected {sha256}, got {actual}; "
                     "the source changed or is corrupt: "

@@ -1,0 +1,1 @@
+"""The adapter-sync sidecar: ``core`` decides (pure), ``agent`` acts (asyncio shell)."""

@@ -1,0 +1,524 @@
+"""The adapter-sync sidecar's shell: watches the config and the engine, runs the actions
+``core.diff`` decides, and serves /status, /healthz and /metrics.
+
+One asyncio task per adapter action, so one slow or failing adapter never blocks the
+others; downloads share a semaphore. Every outside call (engine, sources) has a timeout.
+Never crashes on bad input: a bad config keeps the last good set, a bad adapter is Failed
+with a message that says what to fix, and it is retried with backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from lorapool.api.adapterset import AdapterSet
+from lorapool.api.peft import parse_adapter_config
+from lorapool.errors import AdapterError, SourceError, UnsafePathError
+from lorapool.sidecar.core import (
+    UNLOAD,
+    AdapterState,
+    ConfigView,
+    EngineView,
+    Load,
+    Phase,
+    Unload,
+    backoff_s,
+    check_adapter,
+    diff,
+    identity_of,
+    lost_adapters,
+    parse_config,
+    status_document,
+    summarize,
+)
+from lorapool.sidecar.engine import EngineClient, EngineError
+from lorapool.sidecar.metrics import SidecarMetrics
+from lorapool.sources import AdapterStore, ChecksumMismatch, Downloader, Limits, SourceOptions, redact_url
+from lorapool.sources.layout import CONFIG_FILE
+
+log = logging.getLogger("lorapool.sidecar")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Sidecar settings; every duration in seconds."""
+
+    config_path: Path
+    engine_url: str
+    adapter_dir: Path
+    host: str = "127.0.0.1"
+    status_port: int = 8081
+    resync_s: float = 30.0  # full reconcile at least this often, even without events
+    config_poll_s: float = 2.0  # ConfigMap updates arrive by symlink swap; polling sees them
+    health_poll_s: float = 2.0
+    http_timeout_s: float = 10.0  # engine health/list/unload calls
+    load_timeout_s: float = 120.0  # a load reads the weights from disk inside the engine
+    backoff_base_s: float = 1.0
+    backoff_cap_s: float = 300.0
+    parallel_downloads: int = 4
+    limits: Limits = field(default_factory=Limits)
+    pvc_root: Path = Path("/mnt/pvc")
+
+
+class _Refused(Exception):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def _failure_reason(exc: BaseException) -> str:
+    if isinstance(exc, _Refused):
+        return exc.reason
+    if isinstance(exc, ChecksumMismatch):
+        return "checksum"
+    if isinstance(exc, UnsafePathError):
+        return "unsafe"
+    if isinstance(exc, AdapterError):
+        return "invalid"
+    if isinstance(exc, SourceError):
+        return "download"
+    if isinstance(exc, EngineError):
+        return "engine"
+    return "internal"
+
+
+def _about(name: str, message: str) -> str:
+    return message if message.startswith(f"adapter {name!r}") else f"adapter {name!r}: {message}"
+
+
+class Agent:
+    def __init__(
+        self, settings: Settings, *, rng: random.Random | None = None, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.settings = settings
+        self.rng = rng or random.Random()
+        self.clock = clock
+        self.metrics = SidecarMetrics()
+        self.store = AdapterStore(settings.adapter_dir)
+        self.downloader = Downloader(
+            self.store,
+            limits=settings.limits,
+            parallel=settings.parallel_downloads,
+            options=SourceOptions(pvc_root=settings.pvc_root),
+        )
+        self.state: dict[str, AdapterState] = {}
+        self.pool: AdapterSet | None = None
+        self.rejected: dict[str, str] = {}
+        self.config_error: str | None = None
+        self.config_loaded_at: float | None = None
+        self.engine_healthy = False
+        self.restarts = 0
+        self._config_bytes: bytes | None = None
+        self._bad_config_bytes: bytes | None = None
+        self._seen_healthy = False
+        self._suspect_restart = False
+        self._adopted = False
+        self._heartbeat = time.monotonic()
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._kick = asyncio.Event()
+        self._reload_config = asyncio.Event()
+        self._engine: EngineClient | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    def request_config_reload(self) -> None:
+        """SIGHUP: re-read the config now."""
+        self._reload_config.set()
+
+    def kick(self) -> None:
+        self._kick.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        s = self.settings
+        async with aiohttp.ClientSession() as session:
+            self._engine = EngineClient(
+                s.engine_url, session, timeout_s=s.http_timeout_s, load_timeout_s=s.load_timeout_s
+            )
+            runner = await self._start_http()
+            await asyncio.to_thread(self.store.reset_staging)
+            self.read_config()
+            watchers = [
+                asyncio.create_task(self._watch_config(stop)),
+                asyncio.create_task(self._watch_health(stop)),
+                asyncio.create_task(self._relay_stop(stop)),
+            ]
+            log.info(
+                "Started sidecar",
+                extra={"kv": {"engine": s.engine_url, "config": str(s.config_path), "adapterDir": str(s.adapter_dir)}},
+            )
+            try:
+                await self._reconcile_loop(stop)
+            finally:
+                for task in [*watchers, *self._tasks.values()]:
+                    task.cancel()
+                await asyncio.gather(*watchers, *self._tasks.values(), return_exceptions=True)
+                await runner.cleanup()
+                log.info("Stopped sidecar")
+
+    async def _relay_stop(self, stop: asyncio.Event) -> None:
+        await stop.wait()
+        self.kick()
+
+    async def _start_http(self) -> web.AppRunner:
+        app = web.Application()
+        app.router.add_get("/status", self._http_status)
+        app.router.add_get("/healthz", self._http_healthz)
+        app.router.add_get("/metrics", self._http_metrics)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, self.settings.host, self.settings.status_port).start()
+        return runner
+
+    # ---- HTTP --------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        return status_document(
+            EngineView(self.settings.engine_url, self.engine_healthy, self.restarts),
+            ConfigView(str(self.settings.config_path), self.config_error, self.config_loaded_at),
+            self.pool,
+            self.state,
+            self.rejected,
+        )
+
+    async def _http_status(self, request: web.Request) -> web.Response:
+        return web.json_response(self.status())
+
+    async def _http_healthz(self, request: web.Request) -> web.Response:
+        age = time.monotonic() - self._heartbeat
+        limit = 3 * max(self.settings.resync_s, self.settings.health_poll_s) + 10
+        if age > limit:
+            return web.json_response({"ok": False, "error": f"reconcile loop stalled for {age:.0f}s"}, status=503)
+        return web.json_response({"ok": True})
+
+    async def _http_metrics(self, request: web.Request) -> web.Response:
+        self.metrics.set_phases(st.phase for st in self.state.values())
+        self.metrics.engine_healthy.set(1 if self.engine_healthy else 0)
+        body = generate_latest(self.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    # ---- config ------------------------------------------------------------------------
+
+    def read_config(self) -> None:
+        """Re-read the config file; apply it if it changed and parses, else keep the last good set."""
+        path = self.settings.config_path
+        try:
+            raw = path.read_bytes()
+        except OSError as exc:
+            self._config_failed(
+                None, f"config {path}: cannot read it ({exc.strerror or exc}); check the ConfigMap mount"
+            )
+            return
+        if raw == self._config_bytes:
+            if self.config_error is not None and self._bad_config_bytes is None:
+                self.config_error = None  # the file is readable again and unchanged since it was good
+            return
+        if raw == self._bad_config_bytes:
+            return
+        try:
+            parsed = parse_config(raw, path=str(path))
+        except ValueError as exc:
+            self._config_failed(raw, str(exc))
+            return
+        self.pool, self.rejected = parsed.adapters, dict(parsed.rejected)
+        self._config_bytes, self._bad_config_bytes = raw, None
+        self.config_error = None
+        self.config_loaded_at = self.clock()
+        log.info(
+            "Loaded config",
+            extra={"kv": {"pool": self.pool.pool, "adapters": len(self.pool.adapters), "rejected": len(self.rejected)}},
+        )
+        for name, why in self.rejected.items():
+            log.warning("Rejected adapter", extra={"kv": {"adapter": name, "error": why}})
+        self.kick()
+
+    def _config_failed(self, raw: bytes | None, message: str) -> None:
+        kept = len(self.pool.adapters) if self.pool else 0
+        message = f"{message}; keeping the last good set of {kept} adapters" if self.pool else message
+        if message != self.config_error:
+            log.warning("Refused config", extra={"kv": {"error": message}})
+            self.metrics.config_errors.inc()
+        self.config_error = message
+        self._bad_config_bytes = raw
+
+    async def _watch_config(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._reload_config.wait(), self.settings.config_poll_s)
+            if self._reload_config.is_set():
+                self._reload_config.clear()
+                self._config_bytes = self._bad_config_bytes = None  # SIGHUP forces a full re-apply
+            self.read_config()
+
+    # ---- engine ------------------------------------------------------------------------
+
+    @property
+    def engine(self) -> EngineClient:
+        assert self._engine is not None, "run() creates the engine client"
+        return self._engine
+
+    async def _watch_health(self, stop: asyncio.Event) -> None:
+        waiting_logged = False
+        while not stop.is_set():
+            healthy = await self.engine.healthy()
+            if healthy and not self.engine_healthy:
+                log.info("Engine became healthy", extra={"kv": {"engine": self.settings.engine_url}})
+                if self._seen_healthy:
+                    self._suspect_restart = True
+                self._seen_healthy = True
+                self.kick()
+            elif not healthy and self.engine_healthy:
+                log.warning("Engine became unhealthy", extra={"kv": {"engine": self.settings.engine_url}})
+            elif not healthy and not self._seen_healthy and not waiting_logged:
+                log.info("Waiting for engine", extra={"kv": {"engine": self.settings.engine_url}})
+                waiting_logged = True
+            self.engine_healthy = healthy
+            self.metrics.engine_healthy.set(1 if healthy else 0)
+            await asyncio.sleep(self.settings.health_poll_s)
+
+    def _adopt(self, actual: dict[str, str]) -> None:
+        """After a sidecar restart: adapters the engine still holds from our store are ours."""
+        for name, root in actual.items():
+            try:
+                origin = self.store.current(name)
+            except UnsafePathError:
+                continue
+            if origin is None or root != str(self.store.path_of(origin.digest)):
+                continue
+            rank = None
+            with contextlib.suppress(OSError, ValueError, AdapterError):
+                rank = parse_adapter_config(json.loads((Path(root) / CONFIG_FILE).read_text())).rank
+            self.state[name] = AdapterState(
+                name, Phase.LOADED, origin.source, origin.revision, loaded=origin.identity, loaded_path=root, rank=rank
+            )
+            log.info("Adopted adapter", extra={"kv": {"adapter": name, "path": root}})
+
+    # ---- reconcile ---------------------------------------------------------------------
+
+    async def _reconcile_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            self._heartbeat = time.monotonic()
+            if self.engine_healthy and self.pool is not None:
+                try:
+                    await self._reconcile()
+                except Exception:  # never let one bad reconcile kill the loop
+                    log.exception("Reconcile failed")
+            self._kick.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), self._next_wake())
+
+    def _next_wake(self) -> float:
+        now = self.clock()
+        wake = self.settings.resync_s
+        for st in self.state.values():
+            if st.next_retry_at is not None and not st.busy:
+                wake = min(wake, st.next_retry_at - now)
+        return max(wake, 0.05)
+
+    async def _reconcile(self) -> None:
+        assert self.pool is not None
+        started = time.perf_counter()
+        try:
+            actual = await self.engine.adapters()
+        except EngineError as exc:
+            log.warning("Listing adapters failed", extra={"kv": {"error": str(exc)}})
+            return
+        if not self._adopted:
+            await asyncio.to_thread(self._adopt, actual)
+            self._adopted = True
+        if lost := lost_adapters(actual, self.state):
+            self.restarts += 1
+            self.metrics.engine_restarts.inc()
+            cause = "health flapped" if self._suspect_restart else "adapters vanished from /v1/models"
+            log.warning("Detected engine restart", extra={"kv": {"cause": cause, "reloading": lost}})
+        self._suspect_restart = False
+        desired = {a.name: a for a in self.pool.adapters}
+        stored = await asyncio.to_thread(self.store.names)
+        actions = diff(desired, actual, self.state, self.clock(), stored=stored, hold=set(self.rejected))
+        for action in actions:
+            if isinstance(action, Load):
+                self._spawn(action.name, self._load(action))
+            elif isinstance(action, Unload):
+                self._spawn(action.name, self._unload(action))
+        for name, adapter in desired.items():
+            if name not in self.state:
+                self.state[name] = AdapterState(name, source=redact_url(adapter.source), revision=adapter.revision)
+        self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
+        self.metrics.set_phases(st.phase for st in self.state.values())
+        counts = summarize(actions)
+        if any(counts[k] for k in ("load", "reload", "unload")):
+            log.info("Reconciled adapters", extra={"kv": counts})
+
+    def _spawn(self, name: str, work: Coroutine[Any, Any, None]) -> None:
+        st = self.state.get(name) or AdapterState(name)
+        self.state[name] = replace(st, busy=True)
+        task = asyncio.create_task(work, name=f"adapter-{name}")
+        self._tasks[name] = task
+
+        def done(t: asyncio.Task[None]) -> None:
+            if self._tasks.get(name) is t:
+                del self._tasks[name]
+            if name in self.state:
+                self.state[name] = replace(self.state[name], busy=False)
+            self.kick()
+
+        task.add_done_callback(done)
+
+    def _set(self, name: str, **changes: Any) -> None:
+        if name in self.state:
+            self.state[name] = replace(self.state[name], **changes)
+
+    async def _load(self, action: Load) -> None:
+        name, adapter, pool = action.name, action.adapter, self.pool
+        assert pool is not None
+        want = identity_of(adapter)
+        self._set(name, source=redact_url(adapter.source), revision=adapter.revision)
+        if not action.inplace:  # a hot swap keeps showing the serving phase until it downloads
+            self._set(name, phase=Phase.PENDING)
+        fetched = None
+        try:
+            fetched = await self.downloader.fetch(
+                name,
+                adapter.source,
+                revision=adapter.revision,
+                sha256=adapter.sha256,
+                on_downloading=lambda: self._set(name, phase=Phase.DOWNLOADING),
+            )
+            if not fetched.cached:
+                self.metrics.download_bytes.inc(fetched.bytes)
+                self.metrics.download_seconds.observe(fetched.seconds)
+                log.info(
+                    "Downloaded adapter",
+                    extra={
+                        "kv": {
+                            "adapter": name,
+                            "source": redact_url(adapter.source),
+                            "bytes": fetched.bytes,
+                            "seconds": round(fetched.seconds, 3),
+                            "digest": fetched.origin.digest[:12],
+                        }
+                    },
+                )
+            self._set(name, phase=Phase.VERIFYING)
+            config = parse_adapter_config(fetched.config, where=f"adapter {name!r}: {CONFIG_FILE}")
+            if problems := check_adapter(name, config, pool):
+                raise _Refused(problems[0].reason, "; ".join(p.message for p in problems))
+            self._set(name, phase=Phase.LOADING, rank=config.rank)
+            path = str(fetched.path)
+            try:
+                await self.engine.load(name, path, inplace=action.inplace)
+            except EngineError as exc:
+                if exc.status != 400 or "already loaded" not in str(exc):
+                    raise
+                await self.engine.load(name, path, inplace=True)  # someone loaded it meanwhile
+            await asyncio.to_thread(self.store.point, name, fetched.origin)
+            self.state[name] = AdapterState(
+                name,
+                Phase.LOADED,
+                redact_url(adapter.source),
+                adapter.revision,
+                loaded=want,
+                loaded_path=path,
+                busy=True,
+                rank=config.rank,
+                loaded_at=self.clock(),
+            )
+            self.metrics.loads.labels(reason=str(action.reason)).inc()
+            log.info(
+                "Reloaded adapter" if action.inplace else "Loaded adapter",
+                extra={
+                    "kv": {
+                        "adapter": name,
+                        "revision": adapter.revision,
+                        "rank": config.rank,
+                        "path": path,
+                        "reason": str(action.reason),
+                    }
+                },
+            )
+        except asyncio.CancelledError:
+            raise
+        except (_Refused, AdapterError, SourceError, EngineError) as exc:
+            self._fail(name, want, _failure_reason(exc), _about(name, str(exc)))
+        except Exception as exc:  # a bug must not take the other adapters down
+            log.exception("Adapter action crashed", extra={"kv": {"adapter": name}})
+            self._fail(
+                name, want, "internal", f"adapter {name!r}: internal error {type(exc).__name__}: {exc}; report a bug"
+            )
+        finally:
+            if fetched is not None:
+                self.downloader.release(fetched)
+            await asyncio.to_thread(self.store.gc)
+
+    def _fail(self, name: str, failed: str, reason: str, message: str) -> None:
+        st = self.state.get(name) or AdapterState(name)
+        attempts = (st.attempts if st.failed == failed else 0) + 1
+        delay = backoff_s(attempts, self.rng, base_s=self.settings.backoff_base_s, cap_s=self.settings.backoff_cap_s)
+        if st.loaded is not None and failed not in (st.loaded, UNLOAD):
+            message += "; the previously loaded revision keeps serving"
+        self.state[name] = replace(
+            st, phase=Phase.FAILED, attempts=attempts, failed=failed, next_retry_at=self.clock() + delay, error=message
+        )
+        self.metrics.failures.labels(reason=reason).inc()
+        log.warning(
+            "Failed adapter action",
+            extra={
+                "kv": {
+                    "adapter": name,
+                    "reason": reason,
+                    "error": message,
+                    "attempts": attempts,
+                    "retryInSeconds": round(delay, 2),
+                }
+            },
+        )
+
+    async def _unload(self, action: Unload) -> None:
+        name = action.name
+        self._set(name, phase=Phase.UNLOADING)
+        try:
+            await asyncio.to_thread(self.store.remove, name)
+            if not action.in_engine:
+                self.state.pop(name, None)
+                return
+            await self.engine.unload(name)
+            self.metrics.unloads.inc()
+            log.info("Unloaded adapter", extra={"kv": {"adapter": name}})
+            # Keep a short memory: if the engine still lists it next time, something else loads it
+            # (e.g. --lora-modules); back off instead of unloading in a tight loop.
+            st = self.state.get(name) or AdapterState(name)
+            repeats = st.attempts + 1 if st.failed == UNLOAD else 1
+            delay = backoff_s(repeats, self.rng, base_s=self.settings.backoff_base_s, cap_s=self.settings.backoff_cap_s)
+            error = None
+            if repeats > 1:
+                error = (
+                    f"adapter {name!r}: the engine lists it again after {repeats - 1} unloads; "
+                    "remove it from the engine's --lora-modules or whatever else loads it"
+                )
+            self.state[name] = replace(
+                st,
+                phase=Phase.UNLOADING,
+                loaded=None,
+                failed=UNLOAD,
+                attempts=repeats,
+                next_retry_at=self.clock() + delay,
+                error=error,
+            )
+        except asyncio.CancelledError:
+            raise
+        except (EngineError, UnsafePathError) as exc:
+            self._fail(name, UNLOAD, "unload", _about(name, str(exc)))
+        finally:
+            await asyncio.to_thread(self.store.gc)

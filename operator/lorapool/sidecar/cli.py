@@ -1,0 +1,75 @@
+"""``lorapool sidecar``: keep a vLLM engine's LoRA adapters in line with the pool's ConfigMap.
+
+    lorapool sidecar --config /etc/lorapool/adapters.json --engine http://127.0.0.1:8000 \\
+        --adapter-dir /adapters [--status-port 8081] [--host 127.0.0.1] [--resync-seconds 30]
+
+SIGHUP re-reads the config at once; SIGTERM/SIGINT stop cleanly.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, type=Path, help="adapters.json from the <pool>-adapters ConfigMap")
+    parser.add_argument("--engine", required=True, help="vLLM base URL, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--adapter-dir", required=True, type=Path, help="volume shared with the engine")
+    parser.add_argument("--status-port", type=int, default=8081, help="port of /status, /healthz, /metrics")
+    parser.add_argument("--host", default="127.0.0.1", help="address to serve status on (0.0.0.0 in a pod)")
+    parser.add_argument("--resync-seconds", type=float, default=30.0, help="full reconcile at least this often")
+    parser.add_argument("--config-poll-seconds", type=float, default=2.0, help="how often to re-read --config")
+    parser.add_argument("--health-poll-seconds", type=float, default=2.0, help="how often to probe engine /health")
+    parser.add_argument("--http-timeout-seconds", type=float, default=10.0, help="timeout of engine list/unload/health")
+    parser.add_argument("--load-timeout-seconds", type=float, default=120.0, help="timeout of one engine load")
+    parser.add_argument("--download-timeout-seconds", type=float, default=1800.0, help="timeout of one download")
+    parser.add_argument("--max-download-bytes", type=int, default=16 << 30, help="size limit of one adapter")
+    parser.add_argument("--parallel-downloads", type=int, default=4, help="downloads at once")
+    parser.add_argument("--backoff-base-seconds", type=float, default=1.0, help="first retry delay ceiling")
+    parser.add_argument("--backoff-cap-seconds", type=float, default=300.0, help="largest retry delay")
+    parser.add_argument("--pvc-root", type=Path, default=Path("/mnt/pvc"), help="where pvc://<claim> is mounted")
+    parser.add_argument("--seed", type=int, default=None, help="seed the backoff jitter (tests)")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+    import random
+    import signal
+
+    from lorapool.sidecar import logs
+    from lorapool.sidecar.agent import Agent, Settings
+    from lorapool.sources import Limits
+
+    logs.setup(args.log_level)
+    settings = Settings(
+        config_path=args.config,
+        engine_url=args.engine,
+        adapter_dir=args.adapter_dir,
+        host=args.host,
+        status_port=args.status_port,
+        resync_s=args.resync_seconds,
+        config_poll_s=args.config_poll_seconds,
+        health_poll_s=args.health_poll_seconds,
+        http_timeout_s=args.http_timeout_seconds,
+        load_timeout_s=args.load_timeout_seconds,
+        backoff_base_s=args.backoff_base_seconds,
+        backoff_cap_s=args.backoff_cap_seconds,
+        parallel_downloads=args.parallel_downloads,
+        limits=Limits(max_bytes=args.max_download_bytes, total_timeout_s=args.download_timeout_seconds),
+        pvc_root=args.pvc_root,
+    )
+
+    async def main() -> None:
+        agent = Agent(settings, rng=random.Random(args.seed))
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, agent.request_config_reload)
+        await agent.run(stop)
+
+    args.adapter_dir.mkdir(parents=True, exist_ok=True)
+    asyncio.run(main())
+    return 0

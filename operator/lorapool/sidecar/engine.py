@@ -1,0 +1,121 @@
+"""The vLLM runtime-LoRA API as the sidecar uses it: health, list, load, unload.
+
+Every call has a timeout; failures become ``EngineError`` with the HTTP status and a
+message that says what to fix. Status codes follow vLLM: load 200 / 400 (bad input or
+already loaded) / 404 (path missing) / 500 (load failure); unload 200 / 404.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+
+_NO_RUNTIME_API = (
+    "the engine has no runtime LoRA API (/v1/load_lora_adapter answered 404); "
+    "start vLLM with VLLM_ALLOW_RUNTIME_LORA_UPDATING=true and --enable-lora"
+)
+
+
+class EngineError(Exception):
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class EngineClient:
+    def __init__(
+        self, base_url: str, session: aiohttp.ClientSession, *, timeout_s: float, load_timeout_s: float
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._session = session
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._load_timeout = aiohttp.ClientTimeout(total=load_timeout_s)
+
+    async def healthy(self) -> bool:
+        try:
+            async with self._session.get(f"{self.base_url}/health", timeout=self._timeout) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+    async def adapters(self) -> dict[str, str]:
+        """Loaded adapters: name -> root (the lora_path it was loaded from)."""
+        try:
+            async with self._session.get(f"{self.base_url}/v1/models", timeout=self._timeout) as resp:
+                if resp.status != 200:
+                    raise EngineError(f"GET /v1/models answered HTTP {resp.status}", status=resp.status)
+                body: Any = await resp.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            raise EngineError(f"GET /v1/models failed: {type(exc).__name__}: {exc}") from exc
+        cards = body.get("data", []) if isinstance(body, dict) else []
+        return {
+            str(card["id"]): str(card.get("root") or "")
+            for card in cards
+            if isinstance(card, dict) and card.get("parent") and card.get("id")
+        }
+
+    async def load(self, name: str, path: str, *, inplace: bool) -> None:
+        payload = {"lora_name": name, "lora_path": path, "load_inplace": inplace}
+        status, text = await self._post("/v1/load_lora_adapter", payload, self._load_timeout, name)
+        if status == 200:
+            return
+        detail = _detail(text)
+        if status in (404, 405) and not _is_json(text):
+            raise EngineError(_NO_RUNTIME_API, status=status)
+        if status == 404:
+            raise EngineError(
+                f"adapter {name!r}: the engine cannot find {path} (HTTP 404: {detail}); "
+                "mount the adapter volume at the same path in the engine and the sidecar",
+                status=status,
+            )
+        if status == 400 and "already been loaded" in detail:
+            raise EngineError(f"adapter {name!r}: already loaded", status=status)
+        raise EngineError(
+            f"adapter {name!r}: the engine refused to load it (HTTP {status}: {detail}); "
+            "fix the adapter or the pool's LoRA settings",
+            status=status,
+        )
+
+    async def unload(self, name: str) -> None:
+        status, text = await self._post("/v1/unload_lora_adapter", {"lora_name": name}, self._timeout, name)
+        if status in (404, 405) and not _is_json(text):
+            raise EngineError(_NO_RUNTIME_API, status=status)
+        if status in (200, 404):  # vLLM's 404: already gone, which is what we wanted
+            return
+        raise EngineError(f"adapter {name!r}: unload failed (HTTP {status}: {_detail(text)})", status=status)
+
+    async def _post(
+        self, path: str, payload: dict[str, Any], limit: aiohttp.ClientTimeout, name: str
+    ) -> tuple[int, str]:
+        try:
+            async with self._session.post(f"{self.base_url}{path}", json=payload, timeout=limit) as resp:
+                return resp.status, await resp.text()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise EngineError(
+                f"adapter {name!r}: POST {path} failed ({type(exc).__name__}: {exc}); is the engine up at {self.base_url}?"
+            ) from exc
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _detail(text: str) -> str:
+    """vLLM answers errors as {"error": {"message"}} (newer) or {"message"} (older)."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return text.strip()[:300]
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])[:300]
+        if body.get("message"):
+            return str(body["message"])[:300]
+    return text.strip()[:300]
