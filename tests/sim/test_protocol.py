@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
 from lorapool.sim.protocol import (
     COMPLETIONS_DEFAULT_MAX_TOKENS,
+    ChunkTemplate,
     RequestError,
+    chat_chunk,
     check_context,
+    completion_chunk,
     error_body,
     parse_generation,
 )
@@ -90,3 +94,17 @@ def test_context_length_checks(prompt: int, max_tokens: int, param: str, text: s
 
 def test_context_that_fits_passes() -> None:
     assert check_context(90, 10, 100) == 10
+
+
+@pytest.mark.parametrize("chat", [False, True])
+@pytest.mark.parametrize("finish", [None, "length", "stop"])
+def test_chunk_template_renders_what_the_dict_builders_describe(chat: bool, finish: str | None) -> None:
+    template = ChunkTemplate("cmpl-1", 1700000000, "sql", chat)
+    rendered = template.render(" hello world", finish)
+    assert rendered.startswith(b"data: ") and rendered.endswith(b"\n\n")
+    expected = (
+        chat_chunk("cmpl-1", 1700000000, "sql", {"content": " hello world"}, finish)
+        if chat
+        else completion_chunk("cmpl-1", 1700000000, "sql", " hello world", finish)
+    )
+    assert json.loads(rendered[len(b"data: ") :]) == expected

@@ -222,6 +222,33 @@ def chat_chunk(rid: str, created: int, model: str, delta: dict[str, Any], finish
     return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [choice]}
 
 
+class ChunkTemplate:
+    """One request's SSE chunk, rendered once and filled per write (the streaming hot path).
+
+    The shape comes from ``completion_chunk`` / ``chat_chunk`` with a placeholder text, so it
+    cannot drift from them. ``text`` must need no JSON escaping: the simulator's output words
+    are plain ASCII letters and spaces (checked in ``text.py``).
+    """
+
+    _MARK = "\x00text\x00"
+
+    def __init__(self, rid: str, created: int, model: str, chat: bool) -> None:
+        self._parts: dict[str | None, tuple[bytes, bytes]] = {}
+        self._args = (rid, created, model, chat)
+
+    def render(self, text: str, finish: str | None) -> bytes:
+        parts = self._parts.get(finish)
+        if parts is None:
+            rid, created, model, chat = self._args
+            if chat:
+                event = chat_chunk(rid, created, model, {"content": self._MARK}, finish)
+            else:
+                event = completion_chunk(rid, created, model, self._MARK, finish)
+            head, _, tail = (b"data: " + dumps(event) + b"\n\n").partition(dumps(self._MARK)[1:-1])
+            parts = self._parts[finish] = (head, tail)
+        return parts[0] + text.encode() + parts[1]
+
+
 def usage_chunk(rid: str, created: int, model: str, chat: bool, used: dict[str, Any]) -> dict[str, Any]:
     kind = "chat.completion.chunk" if chat else "text_completion"
     return {"id": rid, "object": kind, "created": created, "model": model, "choices": [], "usage": used}

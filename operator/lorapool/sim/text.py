@@ -34,6 +34,8 @@ _WORD_LIST = (
     "too mean old any same tell boy follow came want show also around form three small"
 )
 _WORDS: tuple[str, ...] = tuple(" " + word for word in _WORD_LIST.split())
+# Streaming splices output text into pre-rendered JSON: it must never need escaping.
+assert all(word[1:].isalpha() and word.isascii() for word in _WORDS)
 _MASK64 = (1 << 64) - 1
 
 

@@ -1,0 +1,151 @@
+"""Prometheus metrics with vLLM's names (``vllm/v1/metrics/loggers.py``), plus ``sim:`` extras.
+
+Gauges and counters are read from the engine at scrape time (nothing to update per step);
+histograms are observed once per request by the shell. Every ``vllm:`` series carries vLLM's
+labels ``model_name`` (the first served model name) and ``engine`` ("0").
+
+``vllm:lora_requests_info`` behaves as vLLM's: after every engine step the series labelled with
+the current ``running_lora_adapters`` / ``waiting_lora_adapters`` (comma-separated names) is set
+to the current Unix time, and series for earlier label sets stay in the output with their older
+timestamps. A reader takes the series with the largest value, as the Gateway API Inference
+Extension does. Simulator-only series are under ``sim:`` so nobody mistakes them for vLLM's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from lorapool.sim.engine import FINISH_REASONS, Engine
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_LABELS = ("model_name", "engine")
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+LATENCY_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+    240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+
+
+class SimMetrics:
+    """The /metrics registry of one simulator process."""
+
+    def __init__(self, engine: Engine, model_name: str, time_scale: float) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.time_scale = time_scale
+        # (max_lora, waiting, running) -> Unix time of the last step with that label set
+        self.lora_info: dict[tuple[str, str, str], float] = {}
+        self._lora_key: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+        self._lora_labels: tuple[str, str, str] = ("", "", "")
+        self.registry = CollectorRegistry(auto_describe=False)
+        labels = (model_name, "0")
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            _LABELS,
+            registry=self.registry,
+            buckets=TTFT_BUCKETS,
+        ).labels(*labels)
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            _LABELS,
+            registry=self.registry,
+            buckets=LATENCY_BUCKETS,
+        ).labels(*labels)
+        self.registry.register(_EngineCollector(self))
+
+    def record_step(self) -> None:
+        """After a step: stamp the lora_requests_info series of the current adapter sets."""
+        if not self.engine.config.enable_lora:
+            return
+        running = self.engine.running_adapter_names()
+        waiting = self.engine.waiting_adapter_names()
+        if (running, waiting) != self._lora_key:
+            self._lora_key = (running, waiting)
+            self._lora_labels = (str(self.engine.config.max_loras), ",".join(waiting), ",".join(running))
+        self.lora_info[self._lora_labels] = time.time()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _EngineCollector(Collector):
+    def __init__(self, metrics: SimMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        m = self.metrics
+        engine = m.engine
+        stats = engine.stats
+        labels = [m.model_name, "0"]
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(name, doc, labels=_LABELS)
+            family.add_metric(labels, value)
+            return family
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            family = CounterMetricFamily(name, doc, labels=_LABELS)
+            family.add_metric(labels, value)
+            return family
+
+        yield gauge("vllm:num_requests_running", "Number of requests in model execution batches.", engine.num_running)
+        yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", engine.num_waiting)
+        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", engine.kv_cache_usage)
+        yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.", stats.prompt_tokens)
+        yield counter("vllm:generation_tokens", "Number of generation tokens processed.", stats.generation_tokens)
+        yield counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", stats.preemptions)
+        success = CounterMetricFamily(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            labels=(*_LABELS, "finished_reason"),
+        )
+        for reason in FINISH_REASONS:
+            success.add_metric([*labels, reason], stats.finished[reason])
+        yield success
+        if engine.config.enable_lora:
+            info = GaugeMetricFamily(
+                "vllm:lora_requests_info",
+                "Running stats on lora requests.",
+                labels=("max_lora", "waiting_lora_adapters", "running_lora_adapters"),
+            )
+            for label_values, stamp in m.lora_info.items():
+                info.add_metric(list(label_values), stamp)
+            yield info
+
+        loads = CounterMetricFamily(
+            "sim:lora_loads",
+            "Simulator: adapters copied into a GPU slot inside an engine step or a load call, "
+            "by where they came from (cpu = CPU cache hit, disk = CPU cache miss).",
+            labels=("from",),
+        )
+        for source in ("cpu", "disk"):
+            loads.add_metric([source], stats.loads[source])
+        yield loads
+        cold = CounterMetricFamily("sim:lora_cold_loads", "Simulator: first reads of an adapter path.")
+        cold.add_metric([], stats.cold_loads)
+        yield cold
+        stall = CounterMetricFamily(
+            "sim:lora_load_stall_seconds",
+            "Simulator: simulated seconds the whole batch waited for adapter loads.",
+        )
+        stall.add_metric([], stats.stall_s)
+        yield stall
+        busy = CounterMetricFamily("sim:engine_busy_seconds", "Simulator: simulated seconds spent in steps.")
+        busy.add_metric([], stats.busy_s)
+        yield busy
+        steps = CounterMetricFamily("sim:engine_steps", "Simulator: engine steps that ran a batch.")
+        steps.add_metric([], stats.steps)
+        yield steps
+        scale = GaugeMetricFamily("sim:time_scale", "Simulator: wall seconds per simulated second.")
+        scale.add_metric([], m.time_scale)
+        yield scale

@@ -1,0 +1,89 @@
+"""Fixtures that start ``lorapool sim`` as a real process and talk to it over loopback."""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from lorapool.testing.peft import write_peft_adapter
+from lorapool.testing.processes import RunningProcess, free_port, start_process
+
+
+@dataclass
+class Sim:
+    url: str
+    proc: RunningProcess
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="sim", max_retries=0, timeout=30)
+
+    def request(
+        self, method: str, path: str, body: Any = None, *, content_type: str = "application/json"
+    ) -> tuple[int, str]:
+        """Raw HTTP: status and body text (vLLM's exact bytes, no client in between)."""
+        data = None
+        if body is not None:
+            data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        req = urllib.request.Request(
+            f"{self.url}{path}", data=data, method=method, headers={"Content-Type": content_type}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=30) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def post(self, path: str, body: Any) -> tuple[int, Any]:
+        status, text = self.request("POST", path, body)
+        try:
+            return status, json.loads(text)
+        except ValueError:
+            return status, text
+
+    def metrics(self) -> str:
+        return self.request("GET", "/metrics")[1]
+
+
+StartSim = Callable[..., Sim]
+
+
+@pytest.fixture(scope="session")
+def adapters(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """Write a real PEFT adapter directory: ``adapters("name", rank=8, extra_config=...)``."""
+    root = tmp_path_factory.mktemp("sim-adapters")
+
+    def make(name: str, **kwargs: Any) -> Path:
+        return write_peft_adapter(root / name, **kwargs)
+
+    return make
+
+
+def _start(args: Sequence[str], env: Mapping[str, str]) -> Sim:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "lorapool.cli", "sim", "--port", str(port), *args]
+    return Sim(url, start_process(cmd, f"{url}/health", timeout=60, env=env))
+
+
+@pytest.fixture(scope="module")
+def start_sim() -> Iterator[StartSim]:
+    """Start simulators for a test module; runtime LoRA updating is on unless ``env`` says otherwise."""
+    started: list[Sim] = []
+
+    def start(*args: str, env: Mapping[str, str] | None = None) -> Sim:
+        sim = _start(args, {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", **(env or {})})
+        started.append(sim)
+        return sim
+
+    yield start
+    for sim in started:
+        sim.proc.close()
