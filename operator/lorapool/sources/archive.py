@@ -9,6 +9,7 @@ Blocking; callers run it in a thread.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import lzma
 import posixpath
@@ -19,7 +20,7 @@ import zipfile
 import zlib
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO
+from typing import IO
 
 from lorapool.errors import AdapterError, UnsafePathError
 from lorapool.sources.base import Deadline, Limits, Sink
@@ -83,7 +84,7 @@ class _Extractor:
         self.wanted = wanted
         self.written = 0
         self.members = 0
-        self.regular: dict[PurePosixPath, Callable[[], BinaryIO]] = {}
+        self.regular: dict[PurePosixPath, Callable[[], IO[bytes]]] = {}
         self.links: dict[PurePosixPath, PurePosixPath] = {}
 
     def count(self) -> None:
@@ -94,12 +95,12 @@ class _Extractor:
                 "ship only the adapter files"
             )
 
-    def write(self, rel: PurePosixPath, opener: Callable[[], BinaryIO]) -> None:
+    def write(self, rel: PurePosixPath, opener: Callable[[], IO[bytes]]) -> None:
         self.regular[rel] = opener
         if rel.name in self.wanted:
             self._write(rel, opener)
 
-    def _write(self, rel: PurePosixPath, opener: Callable[[], BinaryIO]) -> None:
+    def _write(self, rel: PurePosixPath, opener: Callable[[], IO[bytes]]) -> None:
         out = self.dest.joinpath(*rel.parts)
         out.parent.mkdir(parents=True, exist_ok=True)
         with opener() as stream, out.open("wb") as fh:
@@ -160,7 +161,7 @@ def extract(
         raise AdapterError(f"{where}: the archive is corrupt or truncated ({exc}); re-upload it") from exc
 
 
-def _tar_stream(tar: tarfile.TarFile, member: tarfile.TarInfo) -> BinaryIO:
+def _tar_stream(tar: tarfile.TarFile, member: tarfile.TarInfo) -> IO[bytes]:
     stream = tar.extractfile(member)
     if stream is None:  # only non-regular members have no data, and those never get here
         raise AdapterError(f"archive member {member.name!r} has no data; rebuild the archive")
@@ -183,7 +184,7 @@ def _extract_tar(archive: Path, ex: _Extractor) -> None:
                     f"archive member {member.name!r} is a device, fifo or special file; "
                     "rebuild the archive with regular files only"
                 )
-            ex.write(rel, lambda m=member: _tar_stream(tar, m))
+            ex.write(rel, functools.partial(_tar_stream, tar, member))
         ex.finish()
 
 
@@ -206,5 +207,5 @@ def _extract_zip(archive: Path, ex: _Extractor) -> None:
                     f"archive member {info.filename!r} is a device, fifo or special file; "
                     "rebuild the archive with regular files only"
                 )
-            ex.write(rel, lambda i=info: zf.open(i))
+            ex.write(rel, functools.partial(zf.open, info))
         ex.finish()

@@ -91,9 +91,9 @@ class Downloader:
         check_name(name)
         identity = adapter_identity(source, revision, sha256)
         started = self._clock()
-        if (origin := await asyncio.to_thread(self._reuse, name, identity)) is not None:
-            config = await asyncio.to_thread(self._read_config, name, origin)
-            return Fetched(name, self.store.path_of(origin.digest), origin, config, 0, 0.0, cached=True)
+        if (reused := await asyncio.to_thread(self._reuse, name, identity)) is not None:
+            config = await asyncio.to_thread(self._read_config, name, reused)
+            return Fetched(name, self.store.path_of(reused.digest), reused, config, 0, 0.0, cached=True)
         src = open_source(source, revision=revision, options=self.options)
         async with self._semaphore:
             if on_downloading is not None:

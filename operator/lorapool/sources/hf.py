@@ -27,7 +27,7 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
-from huggingface_hub.utils import disable_progress_bars
+from huggingface_hub.utils.tqdm import disable_progress_bars
 
 from lorapool.errors import AdapterError, SourceError
 from lorapool.sources import archive
