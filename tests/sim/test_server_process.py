@@ -8,6 +8,8 @@ from pathlib import Path
 
 import openai
 import pytest
+from openai.types import CompletionUsage
+from openai.types.chat import ChatCompletionMessageParam
 from tests.sim.conftest import Sim, StartSim
 
 BASE = "meta-llama/Meta-Llama-3-8B-Instruct"
@@ -42,18 +44,21 @@ def test_completion(sim: Sim, model: str) -> None:
     assert result.model == model
     assert result.choices[0].finish_reason == "length"
     assert len(result.choices[0].text.split()) == 7
-    assert (result.usage.prompt_tokens, result.usage.completion_tokens) == (7, 7)
-    assert result.usage.total_tokens == 14
+    assert result.usage == CompletionUsage(prompt_tokens=7, completion_tokens=7, total_tokens=14)
 
 
 def test_chat_completion(sim: Sim) -> None:
-    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hello"},
+    ]
     result = sim.client().chat.completions.create(
         model="sql", messages=messages, max_tokens=5, extra_body={"ignore_eos": True}
     )
     choice = result.choices[0]
     assert (choice.message.role, choice.finish_reason) == ("assistant", "length")
-    assert len(choice.message.content.split()) == 5
+    assert len((choice.message.content or "").split()) == 5
+    assert result.usage is not None
     assert result.usage.prompt_tokens == 1 + 4 + (5 + 2) + (5 + 2)
     assert result.object == "chat.completion"
 
@@ -72,6 +77,7 @@ def test_output_is_deterministic_and_depends_on_the_seed(sim: Sim) -> None:
 def test_without_max_tokens_the_model_stops_on_its_own(sim: Sim) -> None:
     result = sim.client().chat.completions.create(model=BASE, messages=[{"role": "user", "content": "tell me"}])
     assert result.choices[0].finish_reason == "stop"
+    assert result.usage is not None
     assert 8 <= result.usage.completion_tokens <= 512
 
 
@@ -89,12 +95,13 @@ def test_streaming_completion_with_usage(sim: Sim) -> None:
     assert "".join(c.choices[0].text for c in text_chunks).count(" ") == 6
     assert [c.choices[0].finish_reason for c in text_chunks][-1] == "length"
     assert all(c.choices[0].finish_reason is None for c in text_chunks[:-1])
-    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
 
 
 def test_streaming_chat_matches_non_streaming(sim: Sim) -> None:
     client = sim.client()
-    messages = [{"role": "user", "content": "the same question"}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "the same question"}]
     whole = client.chat.completions.create(model="sql", messages=messages, max_tokens=9).choices[0].message.content
     chunks = list(client.chat.completions.create(model="sql", messages=messages, max_tokens=9, stream=True))
     assert chunks[0].choices[0].delta.role == "assistant"

@@ -130,7 +130,7 @@ class TimingParams:
             seconds += self.disk_cold_extra_base_s + self.disk_cold_extra_s_per_rank * rank
         return seconds
 
-    def with_overrides(self, **overrides: float) -> TimingParams:
+    def with_overrides(self, **overrides: Any) -> TimingParams:
         return dataclasses.replace(self, **overrides)
 
 
