@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import signal
+import sys
 import tarfile
 import threading
 import urllib.request
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 from loopback_http import LoopbackServer
 from sidecar_procs import (
+    BASE_MODEL,
     ConfigMapDir,
     adapter_set,
     engine_adapters,
@@ -29,7 +31,7 @@ from sidecar_procs import (
 from source_helpers import make_tar, tar_of_dir
 
 from lorapool.testing.peft import write_peft_adapter
-from lorapool.testing.processes import RunningProcess
+from lorapool.testing.processes import RunningProcess, free_port, start_process
 
 pytestmark = pytest.mark.slow
 
@@ -281,3 +283,29 @@ def test_bad_config_keeps_the_last_good_set_and_sighup_rereads(
         assert "lorapool_sidecar_config_errors_total 2.0" in sidecar.metrics()
     finally:
         sidecar.proc.close()
+
+
+def test_engine_without_the_runtime_lora_api_is_explained(tmp_path: Path, files: LoopbackServer) -> None:
+    url, _ = _publish(files, tmp_path, "one")
+    config = tmp_path / "adapters.json"
+    config.write_text(adapter_set([{"name": "one", "source": url}]))
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "lorapool.cli",
+        "sim",
+        "--port",
+        str(port),
+        "--served-model-name",
+        BASE_MODEL,
+        "--enable-lora",
+    ]
+    env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "false"}
+    with start_process(cmd, f"http://127.0.0.1:{port}/health", timeout=30, env=env):
+        sidecar = start_sidecar(config, port, tmp_path / "adapters")
+        try:
+            failed = sidecar.wait_phase("one", "Failed")
+            assert "start vLLM with VLLM_ALLOW_RUNTIME_LORA_UPDATING=true" in failed["error"]
+        finally:
+            sidecar.proc.close()

@@ -62,7 +62,7 @@ class EngineClient:
         if status == 200:
             return
         detail = _detail(text)
-        if status in (404, 405) and not _is_json(text):
+        if _route_missing(status, text):
             raise EngineError(_NO_RUNTIME_API, status=status)
         if status == 404:
             raise EngineError(
@@ -80,7 +80,7 @@ class EngineClient:
 
     async def unload(self, name: str) -> None:
         status, text = await self._post("/v1/unload_lora_adapter", {"lora_name": name}, self._timeout, name)
-        if status in (404, 405) and not _is_json(text):
+        if _route_missing(status, text):
             raise EngineError(_NO_RUNTIME_API, status=status)
         if status in (200, 404):  # vLLM's 404: already gone, which is what we wanted
             return
@@ -98,12 +98,19 @@ class EngineClient:
             ) from exc
 
 
-def _is_json(text: str) -> bool:
-    try:
-        json.loads(text)
-    except ValueError:
+def _route_missing(status: int, text: str) -> bool:
+    """A 404/405 from the web framework (no such route), not from vLLM's LoRA handler.
+
+    vLLM registers the runtime LoRA routes only with VLLM_ALLOW_RUNTIME_LORA_UPDATING=true;
+    without them FastAPI answers ``{"detail": "Not Found"}``, while vLLM's own 404 (a path
+    it cannot find) is an OpenAI-style error object."""
+    if status not in (404, 405):
         return False
-    return True
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return True
+    return isinstance(body, dict) and "detail" in body and "error" not in body
 
 
 def _detail(text: str) -> str:
