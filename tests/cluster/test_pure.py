@@ -40,8 +40,7 @@ replace (
 def test_staging_modules_are_required_and_replaced_into_staging() -> None:
     # kube-openapi is pinned to a real pseudo-version; sample-cli-plugin is never required
     # (and not on the proxy at v0.36.3): neither gets a replace line.
-    assert build.staging_modules(KUBERNETES_GO_MOD) == [
-        "k8s.io/api", "k8s.io/client-go", "k8s.io/streaming"]
+    assert build.staging_modules(KUBERNETES_GO_MOD) == ["k8s.io/api", "k8s.io/client-go", "k8s.io/streaming"]
 
 
 def test_kubernetes_wrapper_pins_staging_to_matching_v0_version() -> None:
@@ -66,10 +65,12 @@ def test_kubernetes_binaries_get_version_ldflags() -> None:
 
 @pytest.mark.parametrize(
     ("name", "product", "memory", "gpus"),
-    [("gpu-a100-80gb-0", A100_80GB, "81920", "8"),
-     ("gpu-a100-80gb-1", A100_80GB, "81920", "8"),
-     ("gpu-a100-40gb-0", A100_40GB, "40960", "8"),
-     ("cpu-0", None, None, None)],
+    [
+        ("gpu-a100-80gb-0", A100_80GB, "81920", "8"),
+        ("gpu-a100-80gb-1", A100_80GB, "81920", "8"),
+        ("gpu-a100-40gb-0", A100_40GB, "40960", "8"),
+        ("cpu-0", None, None, None),
+    ],
     ids=["80gb-0", "80gb-1", "40gb", "cpu"],
 )
 def test_default_nodes_look_like_gfd_labelled_nodes(
@@ -91,18 +92,17 @@ def test_every_component_binds_loopback_only() -> None:
     assert all("127.0.0.1" in a for a in etcd if a.startswith("--listen-"))
     assert "--unsafe-no-fsync=true" in etcd
     api = manifests.apiserver_args(layout, ports)
-    assert {"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
-            "--authorization-mode=Node,RBAC"} <= set(api)
-    for args in (manifests.controller_manager_args(layout, ports),
-                 manifests.scheduler_args(layout, ports)):
+    assert {"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--authorization-mode=Node,RBAC"} <= set(api)
+    for args in (manifests.controller_manager_args(layout, ports), manifests.scheduler_args(layout, ports)):
         assert "--bind-address=127.0.0.1" in args
 
 
 def test_kubeconfig_uses_token_or_client_cert() -> None:
     with_token = manifests.kubeconfig("https://127.0.0.1:1", Path("/ca.crt"), "sa", token="t")
     assert with_token["users"][0]["user"] == {"token": "t"}
-    with_cert = manifests.kubeconfig("https://127.0.0.1:1", Path("/ca.crt"), "admin",
-                                     cert_file=Path("/a.crt"), key_file=Path("/a.key"))
+    with_cert = manifests.kubeconfig(
+        "https://127.0.0.1:1", Path("/ca.crt"), "admin", cert_file=Path("/a.crt"), key_file=Path("/a.key")
+    )
     assert with_cert["users"][0]["user"]["client-certificate"] == "/a.crt"
 
 
@@ -126,7 +126,11 @@ def test_serving_certificate_names_loopback_and_the_kubernetes_service() -> None
 
 def test_kwok_stages_cover_node_and_pod_lifecycles() -> None:
     text = resources.files("lorapool.cluster").joinpath("stages.yaml").read_text()
-    stages = {s["metadata"]["name"]: s["spec"]["resourceRef"]["kind"]
-              for s in yaml.safe_load_all(text) if s}
-    assert stages == {"node-initialize": "Node", "node-heartbeat-with-lease": "Node",
-                      "pod-ready": "Pod", "pod-complete": "Pod", "pod-delete": "Pod"}
+    stages = {s["metadata"]["name"]: s["spec"]["resourceRef"]["kind"] for s in yaml.safe_load_all(text) if s}
+    assert stages == {
+        "node-initialize": "Node",
+        "node-heartbeat-with-lease": "Node",
+        "pod-ready": "Pod",
+        "pod-complete": "Pod",
+        "pod-delete": "Pod",
+    }

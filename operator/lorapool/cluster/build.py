@@ -103,9 +103,7 @@ def run_go(args: Sequence[str], cwd: Path, env: dict[str, str]) -> None:
 
 
 def go_output(args: Sequence[str], cwd: Path, env: dict[str, str]) -> str:
-    result = subprocess.run(
-        ["go", *args], cwd=cwd, env=env, check=False, capture_output=True, text=True
-    )
+    result = subprocess.run(["go", *args], cwd=cwd, env=env, check=False, capture_output=True, text=True)
     if result.returncode != 0:
         raise SystemExit(f"go {' '.join(args)} failed: {result.stderr.strip()}")
     return result.stdout
@@ -147,8 +145,7 @@ def prepare_wrapper(component: Component, root: Path, env: dict[str, str]) -> Pa
     directory = root / "gomod" / wrapper_name(component)
     directory.mkdir(parents=True, exist_ok=True)
     info = json.loads(
-        go_output(["mod", "download", "-json", f"{component.module}@{component.version}"],
-                  directory, env)
+        go_output(["mod", "download", "-json", f"{component.module}@{component.version}"], directory, env)
     )
     go_mod = Path(info["GoMod"]).read_text()
     text = wrapper_go_mod(component, go_mod)
@@ -172,12 +169,28 @@ def build_component(component: Component, root: Path) -> float:
         exe = tmp / component.name
         if component.wrapper:
             cwd = prepare_wrapper(component, root, env)
-            run_go(["build", "-mod=mod", "-trimpath", "-p", jobs, f"-ldflags={ldflags}",
-                    "-o", str(exe), component.package], cwd, env)
+            run_go(
+                [
+                    "build",
+                    "-mod=mod",
+                    "-trimpath",
+                    "-p",
+                    jobs,
+                    f"-ldflags={ldflags}",
+                    "-o",
+                    str(exe),
+                    component.package,
+                ],
+                cwd,
+                env,
+            )
         else:
             install_env = dict(env, GOBIN=str(tmp))
-            run_go(["install", "-trimpath", "-p", jobs, f"-ldflags={ldflags}",
-                    f"{component.package}@{component.version}"], tmp, install_env)
+            run_go(
+                ["install", "-trimpath", "-p", jobs, f"-ldflags={ldflags}", f"{component.package}@{component.version}"],
+                tmp,
+                install_env,
+            )
         if not exe.is_file():
             raise SystemExit(f"go produced no {component.name} binary in {tmp}")
         seconds = time.monotonic() - started
@@ -207,8 +220,7 @@ def ensure_built(names: Sequence[str] | None = None, root: Path | None = None) -
     if todo:
         if shutil.which("go") is None:
             raise SystemExit(
-                "go is not on PATH; install Go >= 1.26 to build the control plane "
-                f"({', '.join(c.key for c in todo)})"
+                f"go is not on PATH; install Go >= 1.26 to build the control plane ({', '.join(c.key for c in todo)})"
             )
         with build_lock(root):
             todo = missing(root, names)  # another process may have built them meanwhile
@@ -230,15 +242,22 @@ def describe(root: Path | None = None) -> list[dict[str, object]]:
     for c in COMPONENTS:
         stamp_path = bin_dir(c, root) / STAMP
         stamp = json.loads(stamp_path.read_text()) if is_built(c, root) else {}
-        rows.append({"name": c.name, "version": c.version, "built": bool(stamp),
-                     "build_seconds": stamp.get("build_seconds"),
-                     "path": str(bin_dir(c, root) / c.name)})
+        rows.append(
+            {
+                "name": c.name,
+                "version": c.version,
+                "built": bool(stamp),
+                "build_seconds": stamp.get("build_seconds"),
+                "path": str(bin_dir(c, root) / c.name),
+            }
+        )
     return rows
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lorapool.cluster.build", description=__doc__
-                                     and __doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m lorapool.cluster.build", description=__doc__ and __doc__.splitlines()[0]
+    )
     parser.add_argument("components", nargs="*", help="subset to build (default: all)")
     args = parser.parse_args(argv)
     started = time.monotonic()

@@ -122,12 +122,9 @@ A100_80GB = "NVIDIA-A100-SXM4-80GB"
 A100_40GB = "NVIDIA-A100-SXM4-40GB"
 
 DEFAULT_NODES: tuple[FakeNode, ...] = (
-    FakeNode("gpu-a100-80gb-0", gpu_product=A100_80GB, gpu_memory_mib=81920, gpu_count=8,
-             internal_ip="10.240.0.10"),
-    FakeNode("gpu-a100-80gb-1", gpu_product=A100_80GB, gpu_memory_mib=81920, gpu_count=8,
-             internal_ip="10.240.0.11"),
-    FakeNode("gpu-a100-40gb-0", gpu_product=A100_40GB, gpu_memory_mib=40960, gpu_count=8,
-             internal_ip="10.240.0.20"),
+    FakeNode("gpu-a100-80gb-0", gpu_product=A100_80GB, gpu_memory_mib=81920, gpu_count=8, internal_ip="10.240.0.10"),
+    FakeNode("gpu-a100-80gb-1", gpu_product=A100_80GB, gpu_memory_mib=81920, gpu_count=8, internal_ip="10.240.0.11"),
+    FakeNode("gpu-a100-40gb-0", gpu_product=A100_40GB, gpu_memory_mib=40960, gpu_count=8, internal_ip="10.240.0.20"),
     FakeNode("cpu-0", cpu="32", memory="128Gi", internal_ip="10.240.0.30"),
 )
 
@@ -155,8 +152,7 @@ def kubeconfig(
     return {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": cluster, "cluster": {"server": server,
-                                                   "certificate-authority": str(ca_file)}}],
+        "clusters": [{"name": cluster, "cluster": {"server": server, "certificate-authority": str(ca_file)}}],
         "users": [{"name": user, "user": creds}],
         "contexts": [{"name": f"{user}@{cluster}", "context": context}],
         "current-context": f"{user}@{cluster}",
@@ -238,6 +234,15 @@ def apiserver_args(layout: Layout, ports: Ports) -> list[str]:
         f"--tls-private-key-file={layout.key('apiserver')}",
         f"--client-ca-file={layout.cert('ca')}",
         "--authorization-mode=Node,RBAC",
+        # The front-proxy CA lets aggregated API servers (metrics-server, ...) trust the
+        # apiserver, and keeps the other components from logging a missing requestheader CA.
+        f"--requestheader-client-ca-file={layout.cert('front-proxy-ca')}",
+        "--requestheader-allowed-names=front-proxy-client",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={layout.cert('front-proxy-client')}",
+        f"--proxy-client-key-file={layout.key('front-proxy-client')}",
         f"--service-account-issuer={issuer}",
         f"--service-account-key-file={layout.pki / 'sa.pub'}",
         f"--service-account-signing-key-file={layout.key('sa')}",

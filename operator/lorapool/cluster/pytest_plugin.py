@@ -1,0 +1,51 @@
+"""pytest fixtures for tests that need the local control plane.
+
+`tests/cluster/conftest.py` imports them; a root conftest can share them with every test
+package with `pytest_plugins = ["lorapool.cluster.pytest_plugin"]`. One cluster per session:
+starting one takes ~10-20 s, far more than any test that uses it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+import pytest
+
+from lorapool.cluster import build
+from lorapool.cluster.runtime import COMPONENTS, LocalCluster
+
+T = TypeVar("T")
+
+
+@pytest.fixture(scope="session")
+def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """A running LocalCluster with the default fake nodes, stopped at the end of the session.
+
+    Skips when the binaries are not built, except in CI (CI=true), where that is a failure:
+    `.ci/run` builds them first with scripts/build-control-plane.
+    """
+    missing = build.missing(build.cache_root(), COMPONENTS)
+    if missing:
+        message = f"control plane not built ({', '.join(c.key for c in missing)}); run scripts/build-control-plane"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    state_dir = tmp_path_factory.mktemp("lorapool-cluster")
+    with LocalCluster(state_dir, timeout_s=180.0) as cluster:
+        yield cluster
+
+
+def wait_for(what: str, check: Callable[[], T], timeout_s: float = 30.0) -> T:
+    """Poll `check` until it returns something truthy and return it; fail the test with `what`
+    after `timeout_s`. Controllers and kwok act asynchronously, so tests poll, bounded."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        time.sleep(0.25)
