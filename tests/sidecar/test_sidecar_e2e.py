@@ -188,6 +188,7 @@ def test_bad_adapters_fail_with_fix_it_messages_and_never_block_the_good_one(
             a = sidecar.wait_phase(name, "Failed")
             assert a["error"].startswith(f"adapter {name!r}: ") and fix in a["error"], a["error"]
         assert set(engine_adapters(engine_port)) == {"good"}
+        assert sidecar.adapters()["high"]["rank"] == 64  # the rank read from the adapter is shown
         assert not list(tmp_path.rglob("pwned")) and not (tmp_path / "escape").exists()
         eventually(lambda: sidecar.adapters()["high"]["attempts"] >= 2, what="retries with backoff")
         failures = metric_samples(sidecar.metrics(), "lorapool_sidecar_failures_total")

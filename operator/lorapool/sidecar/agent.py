@@ -413,6 +413,7 @@ class Agent:
                 )
             self._set(name, phase=Phase.VERIFYING)
             config = parse_adapter_config(fetched.config, where=f"adapter {name!r}: {CONFIG_FILE}")
+            self._set(name, rank=config.rank)  # shown even when the checks below refuse it
             if problems := check_adapter(name, config, pool):
                 raise _Refused(problems[0].reason, "; ".join(p.message for p in problems))
             self._set(name, phase=Phase.LOADING, rank=config.rank)
