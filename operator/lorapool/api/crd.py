@@ -84,10 +84,20 @@ def _convert(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _without_defaults(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _without_defaults(v) for k, v in node.items() if k != "default"}
+    if isinstance(node, list):
+        return [_without_defaults(v) for v in node]
+    return node
+
+
 def _resource_schema(
     spec: type[BaseModel], status: type[BaseModel], description: str, root_rules: list[dict[str, str]]
 ) -> dict[str, Any]:
-    status_schema = structural(status)
+    # No defaults under status: the API server would add them to what the operator writes,
+    # and the next resync would see a difference where there is none.
+    status_schema = _without_defaults(structural(status))
     # kopf and other controllers may add their own bookkeeping under status.
     status_schema["x-kubernetes-preserve-unknown-fields"] = True
     spec_schema = structural(spec)

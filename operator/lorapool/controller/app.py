@@ -58,8 +58,21 @@ def build_registry(reconciler: PoolReconciler) -> kopf.OperatorRegistry:
     adapter_pools: dict[tuple[str, str], str] = {}  # LoRAAdapter -> the pool it last pointed at
 
     @kopf.on.login(registry=registry)
-    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        return kopf.login_via_client(**kwargs)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        # The same credentials the client was configured with (--kubeconfig or in-cluster),
+        # not kopf's own discovery, which would ignore --kubeconfig.
+        conf = client.Configuration.get_default_copy()
+        token = (conf.api_key or {}).get("authorization") or (conf.api_key or {}).get("BearerToken")
+        scheme, _, value = (token or "").partition(" ")
+        return kopf.ConnectionInfo(
+            server=conf.host,
+            ca_path=conf.ssl_ca_cert,
+            insecure=not conf.verify_ssl,
+            scheme=scheme or None if value else None,
+            token=(value or scheme) or None,
+            certificate_path=conf.cert_file,
+            private_key_path=conf.key_file,
+        )
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -67,17 +80,17 @@ def build_registry(reconciler: PoolReconciler) -> kopf.OperatorRegistry:
         settings.watching.server_timeout = 270
         settings.watching.client_timeout = 300
         settings.watching.inactivity_timeout = 600
-        settings.persistence.finalizer = "lorapool.io/operator"
+        settings.scanning.disabled = True  # resources are known; no need to list CRDs (least privilege)
 
     @kopf.on.event(GROUP, VERSION, "lorapools", registry=registry)
-    def pool_event(type: str | None, namespace: str, name: str, **_: Any) -> None:
+    async def pool_event(type: str | None, namespace: str, name: str, **_: Any) -> None:
         if type == "DELETED":
             reconciler.known.discard((namespace, name))
             return
         reconciler.trigger(namespace, name)
 
     @kopf.on.event(GROUP, VERSION, "loraadapters", registry=registry)
-    def adapter_event(type: str | None, namespace: str, name: str, spec: Any, **_: Any) -> None:
+    async def adapter_event(type: str | None, namespace: str, name: str, spec: Any, **_: Any) -> None:
         pool = (spec or {}).get("poolRef", {}).get("name")
         previous = adapter_pools.get((namespace, name))
         if previous and previous != pool:
@@ -90,13 +103,13 @@ def build_registry(reconciler: PoolReconciler) -> kopf.OperatorRegistry:
             reconciler.trigger(namespace, pool)
 
     @kopf.on.event("apps", "v1", "deployments", labels={POOL_LABEL: kopf.PRESENT}, registry=registry)
-    def child_event(namespace: str, labels: Any, **_: Any) -> None:
+    async def child_event(namespace: str, labels: Any, **_: Any) -> None:
         reconciler.trigger(namespace, labels[POOL_LABEL])
 
     @kopf.on.event(
         "", "v1", "pods", labels={POOL_LABEL: kopf.PRESENT, "app.kubernetes.io/component": "engine"}, registry=registry
     )
-    def pod_event(namespace: str, labels: Any, **_: Any) -> None:
+    async def pod_event(namespace: str, labels: Any, **_: Any) -> None:
         reconciler.trigger(namespace, labels[POOL_LABEL])
 
     return registry
@@ -108,7 +121,11 @@ async def run_operator(cfg: OperatorConfig) -> int:
     if cfg.leader_election:
         elector = LeaseElector(api, cfg.lease_namespace, cfg.lease_name, cfg.identity)
         await elector.acquire()
-    start_http_server(cfg.metrics_port, addr=cfg.bind)
+    try:
+        start_http_server(cfg.metrics_port, addr=cfg.bind)
+    except OSError as exc:
+        log.error("Cannot serve metrics on %s:%s: %s; choose another --metrics-port", cfg.bind, cfg.metrics_port, exc)
+        return 2
     cache = ConfigCache(ttl_s=300)
 
     async def fetch(source: str, revision: str | None) -> dict[str, Any]:

@@ -66,17 +66,21 @@ class Kube:
         content_type: str = "application/json",
         query: list[tuple[str, str]] | None = None,
     ) -> Any:
-        data = self.api.call_api(
-            path,
+        method, url, headers, data, post = self.api.param_serialize(
             method,
+            path,
             query_params=query or [],
             header_params={"Content-Type": content_type, "Accept": "application/json"},
             body=body,
             auth_settings=["BearerToken"],
-            _preload_content=False,
-            _request_timeout=30,
-        )[0]
-        return json.loads(data.data or b"null")
+        )
+        response = self.api.call_api(
+            method, url, header_params=headers, body=data, post_params=post, _request_timeout=30
+        )
+        raw = response.read()
+        if response.status >= 400:
+            raise ApiException(status=response.status, reason=response.reason, body=raw.decode(errors="replace"))
+        return json.loads(raw or b"null")
 
     def path(self, kind: str, namespace: str, name: str | None = None, sub: str | None = None) -> str:
         prefix, plural = _PATHS[kind]
