@@ -19,7 +19,9 @@ def api_client(local_cluster: LocalCluster) -> Iterator[Any]:
     """The official client, as the operator uses it, authenticated as the admin."""
     from kubernetes import config
 
-    client = config.new_client_from_config(config_file=str(local_cluster.kubeconfig))
+    client = config.new_client_from_config(  # type: ignore[no-untyped-call]
+        config_file=str(local_cluster.kubeconfig)
+    )
     yield client
     client.close()
 
@@ -30,7 +32,7 @@ def namespace(api_client: Any) -> Iterator[str]:
     from kubernetes import client
 
     name = f"t-{uuid.uuid4().hex[:8]}"
-    core = client.CoreV1Api(api_client)
+    core: Any = client.CoreV1Api(api_client)
     core.create_namespace({"metadata": {"name": name}})
     yield name
     core.delete_namespace(name)

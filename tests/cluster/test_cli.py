@@ -11,6 +11,7 @@ import pytest
 
 from lorapool.cluster import build
 from lorapool.cluster.runtime import COMPONENTS
+from lorapool.cluster.versions import cache_root
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -36,7 +37,7 @@ def exited(pid: int) -> bool:
 
 @pytest.mark.timeout(240)
 def test_up_status_down_round_trip(tmp_path: Path) -> None:
-    if build.missing(build.cache_root(), COMPONENTS):
+    if build.missing(cache_root(), COMPONENTS):
         pytest.skip("control plane not built; run scripts/build-control-plane")
     state, kubeconfig = tmp_path / "state", tmp_path / "kubeconfig.yaml"
 

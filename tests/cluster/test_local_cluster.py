@@ -9,11 +9,12 @@ and helm runs.
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from kubernetes import client, config
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from lorapool.cluster import LocalCluster
 from lorapool.cluster.manifests import A100_40GB, A100_80GB, DEFAULT_NODES
@@ -41,9 +42,10 @@ def gpu_pod_spec(product: str, gpus: int = 1) -> dict[str, Any]:
 
 @pytest.mark.timeout(30)
 def test_control_plane_answers_with_pinned_version(local_cluster: LocalCluster, api_client: Any) -> None:
-    version = client.VersionApi(api_client).get_code()
+    version: Any = client.VersionApi(api_client).get_code()
     assert version.git_version == KUBERNETES_VERSION
-    namespaces = {ns.metadata.name for ns in client.CoreV1Api(api_client).list_namespace().items}
+    core: Any = client.CoreV1Api(api_client)
+    namespaces = {ns.metadata.name for ns in core.list_namespace().items}
     assert {"default", "kube-system", "kube-public", "kube-node-lease"} <= namespaces
     readyz = local_cluster.kubectl("get", "--raw", "/readyz?verbose")
     assert "readyz check passed" in readyz.stdout
@@ -51,7 +53,8 @@ def test_control_plane_answers_with_pinned_version(local_cluster: LocalCluster, 
 
 @pytest.mark.timeout(30)
 def test_fake_nodes_carry_gfd_labels_and_gpu_capacity(api_client: Any) -> None:
-    nodes = {n.metadata.name: n for n in client.CoreV1Api(api_client).list_node().items}
+    core: Any = client.CoreV1Api(api_client)
+    nodes = {n.metadata.name: n for n in core.list_node().items}
     assert set(nodes) >= {n.name for n in DEFAULT_NODES}
     expected = {
         "gpu-a100-80gb-0": (A100_80GB, "81920"),
@@ -76,8 +79,8 @@ def test_fake_nodes_carry_gfd_labels_and_gpu_capacity(api_client: Any) -> None:
 
 @pytest.mark.timeout(90)
 def test_gpu_deployment_runs_only_on_80gb_nodes(api_client: Any, namespace: str) -> None:
-    apps = client.AppsV1Api(api_client)
-    core = client.CoreV1Api(api_client)
+    apps: Any = client.AppsV1Api(api_client)
+    core: Any = client.CoreV1Api(api_client)
     replicas = 10  # more than one node's 8 GPUs: both 80GB nodes fill, the 40GB one never
     labels = {"app": "vllm-80gb"}
     apps.create_namespaced_deployment(
@@ -94,7 +97,7 @@ def test_gpu_deployment_runs_only_on_80gb_nodes(api_client: Any, namespace: str)
 
     def ready_replicas() -> bool:
         status = apps.read_namespaced_deployment_status("vllm-80gb", namespace).status
-        return status.ready_replicas == replicas
+        return bool(status.ready_replicas == replicas)
 
     wait_for("10 ready replicas", ready_replicas, timeout_s=60)
     pods = core.list_namespaced_pod(namespace, label_selector="app=vllm-80gb").items
@@ -113,7 +116,7 @@ def test_gpu_deployment_runs_only_on_80gb_nodes(api_client: Any, namespace: str)
     ids=["product-not-in-cluster", "more-gpus-than-a-node-has"],
 )
 def test_unsatisfiable_gpu_pod_stays_pending(api_client: Any, namespace: str, product: str, gpus: int) -> None:
-    core = client.CoreV1Api(api_client)
+    core: Any = client.CoreV1Api(api_client)
     core.create_namespaced_pod(namespace, {"metadata": {"name": "wants-gpu"}, "spec": gpu_pod_spec(product, gpus)})
 
     def unschedulable() -> bool:
@@ -132,8 +135,8 @@ def test_unsatisfiable_gpu_pod_stays_pending(api_client: Any, namespace: str, pr
 def test_service_account_token_kubeconfig_has_exactly_its_rbac(
     local_cluster: LocalCluster, api_client: Any, namespace: str
 ) -> None:
-    core = client.CoreV1Api(api_client)
-    rbac = client.RbacAuthorizationV1Api(api_client)
+    core: Any = client.CoreV1Api(api_client)
+    rbac: Any = client.RbacAuthorizationV1Api(api_client)
     core.create_namespaced_service_account(namespace, {"metadata": {"name": "reader"}})
     rbac.create_namespaced_role(
         namespace,
@@ -152,13 +155,14 @@ def test_service_account_token_kubeconfig_has_exactly_its_rbac(
     )
 
     path = local_cluster.service_account_kubeconfig(namespace, "reader")
-    sa_client = config.new_client_from_config(config_file=str(path))
+    sa_client = config.new_client_from_config(config_file=str(path))  # type: ignore[no-untyped-call]
     try:
-        review = client.AuthenticationV1Api(sa_client).create_self_subject_review({})
+        authn: Any = client.AuthenticationV1Api(sa_client)
+        review = authn.create_self_subject_review({})
         assert review.status.user_info.username == f"system:serviceaccount:{namespace}:reader"
-        sa_core = client.CoreV1Api(sa_client)
+        sa_core: Any = client.CoreV1Api(sa_client)
         assert sa_core.list_namespaced_pod(namespace).items == []
-        denied = [
+        denied: list[Callable[[], Any]] = [
             lambda: sa_core.list_namespaced_pod("default"),
             lambda: sa_core.list_node(),
             lambda: sa_core.list_namespaced_secret(namespace),
@@ -180,7 +184,7 @@ def test_service_account_token_kubeconfig_has_exactly_its_rbac(
 
 @pytest.mark.timeout(60)
 def test_garbage_collector_deletes_dependents(api_client: Any, namespace: str) -> None:
-    core = client.CoreV1Api(api_client)
+    core: Any = client.CoreV1Api(api_client)
     owner = core.create_namespaced_config_map(namespace, {"metadata": {"name": "owner"}})
     core.create_namespaced_config_map(
         namespace,
@@ -204,9 +208,9 @@ def test_garbage_collector_deletes_dependents(api_client: Any, namespace: str) -
 
 @pytest.mark.timeout(60)
 def test_service_gets_endpoints_from_kwok_pod_ips(api_client: Any, namespace: str) -> None:
-    apps = client.AppsV1Api(api_client)
-    core = client.CoreV1Api(api_client)
-    discovery = client.DiscoveryV1Api(api_client)
+    apps: Any = client.AppsV1Api(api_client)
+    core: Any = client.CoreV1Api(api_client)
+    discovery: Any = client.DiscoveryV1Api(api_client)
     labels = {"app": "web"}
     apps.create_namespaced_deployment(
         namespace,
@@ -268,3 +272,92 @@ def test_helm_runs_and_installs_a_chart(local_cluster: LocalCluster, namespace: 
     )
     cm = local_cluster.kubectl("get", "configmap", "demo-cm", "-n", namespace, "-o", "jsonpath={.data.greeting}")
     assert cm.stdout == "hello"
+
+
+@pytest.mark.timeout(60)
+def test_deleting_a_deployment_removes_its_pods(api_client: Any, namespace: str) -> None:
+    """No kubelet finishes pod deletion here: kwok's pod-delete stage must, or rollouts and
+    namespace deletion would hang on Terminating pods."""
+    apps: Any = client.AppsV1Api(api_client)
+    core: Any = client.CoreV1Api(api_client)
+    labels = {"app": "gone"}
+    spec = gpu_pod_spec(A100_80GB) | {"terminationGracePeriodSeconds": 30}
+    apps.create_namespaced_deployment(
+        namespace,
+        {
+            "metadata": {"name": "gone"},
+            "spec": {
+                "replicas": 2,
+                "selector": {"matchLabels": labels},
+                "template": {"metadata": {"labels": labels}, "spec": spec},
+            },
+        },
+    )
+
+    def pods() -> list[Any]:
+        return list(core.list_namespaced_pod(namespace, label_selector="app=gone").items)
+
+    wait_for("2 running pods", lambda: sum(p.status.phase == "Running" for p in pods()) == 2)
+    apps.delete_namespaced_deployment("gone", namespace, propagation_policy="Foreground")
+    wait_for("the pods to be gone", lambda: not pods(), timeout_s=45)
+    assert not apps.list_namespaced_replica_set(namespace).items
+
+
+@pytest.mark.timeout(60)
+def test_crd_cel_validation_rules_are_enforced(api_client: Any, namespace: str) -> None:
+    """The operator's CRDs use x-kubernetes-validations; this apiserver evaluates them."""
+    ext: Any = client.ApiextensionsV1Api(api_client)
+    group, plural = f"{namespace}.lorapool.test", "widgets"
+    schema = {
+        "type": "object",
+        "properties": {
+            "spec": {
+                "type": "object",
+                "properties": {"min": {"type": "integer"}, "max": {"type": "integer"}},
+                "x-kubernetes-validations": [{"rule": "self.min <= self.max", "message": "min must not exceed max"}],
+            }
+        },
+    }
+    ext.create_custom_resource_definition(
+        {
+            "metadata": {"name": f"{plural}.{group}"},
+            "spec": {
+                "group": group,
+                "scope": "Namespaced",
+                "names": {"plural": plural, "singular": "widget", "kind": "Widget"},
+                "versions": [
+                    {
+                        "name": "v1",
+                        "served": True,
+                        "storage": True,
+                        "schema": {"openAPIV3Schema": schema},
+                    }
+                ],
+            },
+        }
+    )
+    try:
+
+        def established() -> bool:
+            crd = ext.read_custom_resource_definition(f"{plural}.{group}")
+            return any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or [])
+
+        wait_for("the CRD to be established", established)
+        custom: Any = client.CustomObjectsApi(api_client)
+
+        def create(low: int, high: int) -> Any:
+            body = {
+                "apiVersion": f"{group}/v1",
+                "kind": "Widget",
+                "metadata": {"name": f"w-{low}-{high}"},
+                "spec": {"min": low, "max": high},
+            }
+            return custom.create_namespaced_custom_object(group, "v1", namespace, plural, body)
+
+        create(1, 2)
+        with pytest.raises(ApiException) as err:
+            create(3, 2)
+        assert err.value.status == 422
+        assert "min must not exceed max" in str(err.value.body)
+    finally:
+        ext.delete_custom_resource_definition(f"{plural}.{group}")

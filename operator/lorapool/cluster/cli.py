@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -79,7 +80,10 @@ def run(args: argparse.Namespace) -> int:
             LocalCluster.attach(args.state_dir).stop()
             return 0
         if command == "status":
-            report = {"binaries": build.describe(), "cluster": LocalCluster.attach(args.state_dir).status()}
+            report: dict[str, Any] = {
+                "binaries": build.describe(),
+                "cluster": LocalCluster.attach(args.state_dir).status(),
+            }
             print(json.dumps(report, indent=2))
             return 0 if report["cluster"].get("running") else 3
     except ClusterError as err:

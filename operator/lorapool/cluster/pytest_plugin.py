@@ -16,6 +16,7 @@ import pytest
 
 from lorapool.cluster import build
 from lorapool.cluster.runtime import COMPONENTS, LocalCluster
+from lorapool.cluster.versions import cache_root
 
 T = TypeVar("T")
 
@@ -27,7 +28,7 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
     Skips when the binaries are not built, except in CI (CI=true), where that is a failure:
     `.ci/run` builds them first with scripts/build-control-plane.
     """
-    missing = build.missing(build.cache_root(), COMPONENTS)
+    missing = build.missing(cache_root(), COMPONENTS)
     if missing:
         message = f"control plane not built ({', '.join(c.key for c in missing)}); run scripts/build-control-plane"
         if os.environ.get("CI"):

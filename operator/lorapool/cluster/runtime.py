@@ -195,7 +195,7 @@ class LocalCluster:
         self.stop()
 
     def start(self) -> Self:
-        missing = build.missing(build.cache_root(), COMPONENTS)
+        missing = build.missing(cache_root(), COMPONENTS)
         if missing:
             raise ClusterError(
                 "control-plane binaries are not built: "
