@@ -1,0 +1,212 @@
+"""The container image without a Docker engine: the Dockerfile's structure, the build context
+that .dockerignore admits, and the wheel the build stage makes from exactly that context."""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+import venv
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from tests.delivery.helm import REPO
+
+import lorapool
+
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+@dataclass
+class Stage:
+    name: str
+    base: str
+    instructions: list[tuple[str, str]] = field(default_factory=list)
+
+    def all(self, keyword: str) -> list[str]:
+        return [rest for kw, rest in self.instructions if kw == keyword]
+
+
+def parse_dockerfile(text: str) -> tuple[dict[str, str], list[Stage]]:
+    """Global ARGs and stages of a Dockerfile (continuations joined, comments dropped)."""
+    lines: list[str] = []
+    pending = ""
+    for raw in text.splitlines():
+        stripped = raw.strip()
+        if not stripped or (stripped.startswith("#") and not pending):
+            continue
+        if stripped.startswith("#"):
+            continue  # a comment inside a continued instruction
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        lines.append(pending + stripped)
+        pending = ""
+    args: dict[str, str] = {}
+    stages: list[Stage] = []
+    for line in lines:
+        keyword, _, rest = line.partition(" ")
+        keyword = keyword.upper()
+        if keyword == "FROM":
+            match = re.fullmatch(r"(\S+)\s+AS\s+(\S+)", rest.strip(), re.I)
+            assert match, f"every stage is named: FROM {rest}"
+            stages.append(Stage(match.group(2), match.group(1)))
+        elif not stages:
+            assert keyword == "ARG", f"only ARG may precede the first FROM, not {keyword}"
+            name, _, default = rest.partition("=")
+            args[name.strip()] = default.strip()
+        else:
+            stages[-1].instructions.append((keyword, rest.strip()))
+    return args, stages
+
+
+ARGS, STAGES = parse_dockerfile((REPO / "Dockerfile").read_text())
+BY_NAME = {s.name: s for s in STAGES}
+RUNTIME_STAGES = [s for s in STAGES if s.name != "build"]
+
+
+def test_stages_build_then_slim_runtime_and_the_release_image_is_the_default_target() -> None:
+    assert [s.name for s in STAGES] == ["build", "runtime-base", "sim", "runtime"]
+    assert STAGES[-1].name == "runtime", "`docker build .` builds the last stage: the release image"
+    assert BY_NAME["build"].base == BY_NAME["runtime-base"].base == "${PYTHON_IMAGE}"
+    assert BY_NAME["sim"].base == BY_NAME["runtime"].base == "runtime-base"
+
+
+def test_base_image_is_an_exact_python_tag_matching_requires_python() -> None:
+    image = ARGS["PYTHON_IMAGE"]
+    match = re.fullmatch(r"python:(3\.\d+)(\.\d+)?-slim-bookworm(@sha256:[0-9a-f]{64})?", image)
+    assert match, f"{image}: pin an exact python:<version>-slim-bookworm tag (optionally @sha256:<digest>)"
+    assert PYPROJECT["project"]["requires-python"] == f">={match.group(1)}"
+
+
+def test_image_version_is_the_package_version() -> None:
+    assert ARGS["VERSION"] == lorapool.__version__ == PYPROJECT["project"]["version"]
+    assert 'test "$(lorapool --version)" = "lorapool ${VERSION}"' in BY_NAME["runtime-base"].all("RUN")
+
+
+def test_runtime_runs_the_console_script_as_uid_1000_without_build_tools() -> None:
+    (script,) = PYPROJECT["project"]["scripts"]
+    base = BY_NAME["runtime-base"]
+    assert json.loads(base.all("ENTRYPOINT")[-1]) == [script]
+    assert base.all("USER") == ["1000:1000"]  # the rendered pods use runAsUser 1000
+    assert "useradd --uid 1000 --gid 1000" in " ".join(base.all("RUN"))
+    for stage in RUNTIME_STAGES:
+        runs = " ".join(stage.all("RUN"))
+        for tool in ("apt-get", "apk ", "pip ", "gcc", "build-essential", "make "):
+            assert tool not in runs, f"stage {stage.name} installs with {tool!r}: build in the build stage"
+        for source in stage.all("COPY"):
+            assert "--from=build" not in source or source.split()[-2:] == ["/opt/venv", "/opt/venv"], source
+
+
+def test_only_the_sim_target_has_a_vllm_that_runs_the_simulator() -> None:
+    assert BY_NAME["sim"].all("COPY") == ["--chmod=0755 e2e/vllm_shim.py /opt/venv/bin/vllm"]
+    assert not BY_NAME["runtime"].all("COPY") and not BY_NAME["runtime-base"].all("COPY")[1:]
+
+
+def dockerignore_admits(path: str, patterns: list[str]) -> bool:
+    """Docker's rule: the last pattern matching the path or one of its parents decides."""
+    parts = path.split("/")
+    candidates = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    admitted = True
+    for pattern in patterns:
+        negated = pattern.startswith("!")
+        glob = pattern.lstrip("!").rstrip("/")
+        if any(fnmatch.fnmatchcase(c, glob) for c in candidates):
+            admitted = negated
+    return admitted
+
+
+def build_context(dest: Path) -> list[str]:
+    """Copy what .dockerignore admits from the git-tracked files (plus untracked ones the
+    build needs) into `dest`; return the copied paths."""
+    patterns = [
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    files = [p.relative_to(REPO).as_posix() for p in REPO.rglob("*") if p.is_file() and ".git/" not in p.as_posix()]
+    admitted = sorted(f for f in files if dockerignore_admits(f, patterns))
+    for rel in admitted:
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / rel, dest / rel)
+    return admitted
+
+
+def test_dockerignore_admits_the_wheel_inputs_and_the_shim_only(tmp_path: Path) -> None:
+    admitted = build_context(tmp_path)
+    tops = {p.split("/")[0] for p in admitted}
+    assert tops == {"pyproject.toml", "README.md", "operator", "e2e"}
+    assert "e2e/vllm_shim.py" in admitted and "e2e/kind.sh" not in admitted
+    assert not [p for p in admitted if "__pycache__" in p or p.endswith(".pyc") or ".egg-info/" in p]
+    for copy in BY_NAME["build"].all("COPY"):
+        for source in copy.split()[:-1]:
+            assert (tmp_path / source).exists(), f"COPY {source} is not in the build context"
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`pip wheel --no-deps` from the Docker build context, as the build stage runs it."""
+    context = tmp_path_factory.mktemp("context")
+    build_context(context)
+    out = tmp_path_factory.mktemp("wheel")
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "-q", "-w", str(out), "."],
+        cwd=context,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (whl,) = out.glob("lorapool-*.whl")
+    return whl
+
+
+@pytest.mark.slow
+def test_wheel_has_every_module_the_data_files_and_the_console_script(wheel: Path) -> None:
+    assert wheel.name == f"lorapool-{lorapool.__version__}-py3-none-any.whl"
+    names = set(zipfile.ZipFile(wheel).namelist())
+    package = REPO / "operator" / "lorapool"
+    sources = [p for p in package.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+    modules = {f"lorapool/{p.relative_to(package).as_posix()}" for p in sources if p.suffix == ".py"}
+    data = {f"lorapool/{p.relative_to(package).as_posix()}" for p in sources if p.suffix not in (".py", ".md", ".pyc")}
+    assert modules <= names, sorted(modules - names)
+    assert data <= names, f"runtime data missing from the wheel (add it to package-data): {sorted(data - names)}"
+    assert "lorapool/cluster/stages.yaml" in data
+    entry_points = zipfile.ZipFile(wheel).read(f"lorapool-{lorapool.__version__}.dist-info/entry_points.txt").decode()
+    ((script, target),) = PYPROJECT["project"]["scripts"].items()
+    assert f"[console_scripts]\n{script} = {target}" in entry_points
+
+
+@pytest.mark.slow
+def test_installed_wheel_runs_lorapool_and_finds_its_data(wheel: Path, tmp_path: Path) -> None:
+    """Installed into a fresh virtualenv (dependencies from this interpreter), the console
+    script runs the wheel's own code, not the working tree's."""
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
+    python = env_dir / "bin" / "python"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index", "-q", str(wheel)],
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
+    version = subprocess.run([env_dir / "bin" / "lorapool", "--version"], capture_output=True, text=True, check=True)
+    assert version.stdout.strip() == f"lorapool {lorapool.__version__}"
+    probe = (
+        "import lorapool, importlib.resources as r; print(lorapool.__file__); "
+        "print(len(r.files('lorapool.cluster').joinpath('stages.yaml').read_text()))"
+    )
+    where, size = subprocess.run(
+        [python, "-c", probe], capture_output=True, text=True, check=True, cwd=tmp_path
+    ).stdout.split()
+    assert where.startswith(str(env_dir)), where
+    assert int(size) > 0
+    for command in ("operator", "router", "sidecar", "sim"):
+        subprocess.run([env_dir / "bin" / "lorapool", command, "--help"], capture_output=True, check=True, timeout=60)
