@@ -61,7 +61,8 @@ def test_metric_names_and_labels_are_vllms(sim: Sim) -> None:
         assert got[name][0][0] == {"model_name": BASE, "engine": "0"}, name
     assert {labels["finished_reason"] for labels, _ in got["vllm:request_success_total"]} == {"stop", "length", "abort"}
     assert {labels["from"] for labels, _ in got["sim:lora_loads_total"]} == {"cpu", "disk"}
-    assert "sim:lora_load_stall_seconds_total" in got
+    for name in ("sim:lora_load_stall_seconds_total", "sim:schedule_overrun_seconds_total", "sim:time_scale"):
+        assert name in got, name
 
 
 def test_lora_requests_info_and_counts_while_requests_run(sim: Sim) -> None:

@@ -35,6 +35,12 @@ def test_completion_defaults() -> None:
     )
 
 
+def test_explicit_null_max_tokens_means_the_rest_of_the_context() -> None:
+    gen = parse_generation({"prompt": "abcd", "max_tokens": None}, chat=False)
+    assert gen.max_tokens is None
+    assert check_context(gen.prompt_tokens, gen.max_tokens, 100) == 99
+
+
 def test_chat_leaves_max_tokens_to_the_context() -> None:
     gen = parse_generation({"messages": [{"role": "user", "content": "hi"}]}, chat=True)
     assert gen.model is None and gen.max_tokens is None

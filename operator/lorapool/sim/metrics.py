@@ -41,6 +41,7 @@ class SimMetrics:
         self.engine = engine
         self.model_name = model_name
         self.time_scale = time_scale
+        self.overrun_s = 0.0  # wall seconds the stepper started later than its schedule
         # (max_lora, waiting, running) -> Unix time of the last step with that label set
         self.lora_info: dict[tuple[str, str, str], float] = {}
         self._lora_key: tuple[tuple[str, ...], tuple[str, ...]] | None = None
@@ -146,6 +147,13 @@ class _EngineCollector(Collector):
         steps = CounterMetricFamily("sim:engine_steps", "Simulator: engine steps that ran a batch.")
         steps.add_metric([], stats.steps)
         yield steps
+        overrun = CounterMetricFamily(
+            "sim:schedule_overrun_seconds",
+            "Simulator: wall seconds engine steps started later than the simulated schedule "
+            "(the simulator's CPU, not the model, limited throughput; 0 at --time-scale 0).",
+        )
+        overrun.add_metric([], m.overrun_s)
+        yield overrun
         scale = GaugeMetricFamily("sim:time_scale", "Simulator: wall seconds per simulated second.")
         scale.add_metric([], m.time_scale)
         yield scale

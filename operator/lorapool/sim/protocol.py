@@ -112,9 +112,12 @@ def parse_generation(body: Any, *, chat: bool) -> Generation:
 
 
 def _optional_int(body: Mapping[str, Any], key: str, default: int | None = None) -> int | None:
-    value = body.get(key, default)
-    if value is None:
+    """``default`` when absent; an explicit null means "no limit" (the rest of the context)."""
+    if key not in body:
         return default
+    value = body[key]
+    if value is None:
+        return None
     if not isinstance(value, int) or isinstance(value, bool):
         raise bad_request(f"'{key}' must be an integer", key)
     return value
