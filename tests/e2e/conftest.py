@@ -1,0 +1,74 @@
+"""The e2e target: any cluster (LORAPOOL_E2E_KUBECONFIG) or, when unset, the local control plane.
+
+On a real cluster (kind via e2e/kind.sh, or any cluster with the images) the chart's operator
+pods run and the engine pods run the simulator image. On the local control plane KWOK fakes
+the pods, so the chart-installed operator is run here as a local process with the chart's
+own arguments and the chart's ServiceAccount token: exactly the chart's RBAC.
+
+Environment:
+  LORAPOOL_E2E_KUBECONFIG  a cluster to test; unset: the local control plane
+  LORAPOOL_E2E_IMAGE       lorapool image for the chart (default: the release image; locally lorapool:test)
+  LORAPOOL_E2E_SIM_IMAGE   engine image, the Dockerfile's `sim` target (default lorapool-sim:e2e)
+  LORAPOOL_E2E_KEEP=1      keep the release, namespaces and pool for inspection
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from lorapool.cluster import LocalCluster, build
+from lorapool.cluster.versions import binary
+
+
+@dataclass(frozen=True)
+class Target:
+    """A cluster to run the e2e against and the kubectl to talk to it."""
+
+    kubeconfig: Path
+    local: LocalCluster | None  # None: a real cluster whose pods run containers
+    kubectl_bin: str
+
+    @property
+    def real(self) -> bool:
+        return self.local is None
+
+    def kubectl(
+        self, *args: str, input_text: str | None = None, check: bool = True, timeout_s: float = 120.0
+    ) -> subprocess.CompletedProcess[str]:
+        cmd = [self.kubectl_bin, f"--kubeconfig={self.kubeconfig}", *args]
+        result = subprocess.run(cmd, input=input_text, capture_output=True, text=True, timeout=timeout_s, check=False)
+        if check and result.returncode != 0:
+            raise AssertionError(
+                f"kubectl {' '.join(args)} exited {result.returncode}:\n{result.stderr}{result.stdout}"
+            )
+        return result
+
+
+def _kubectl_for_real_cluster() -> str:
+    found = shutil.which("kubectl")
+    if found:
+        return found
+    if not build.missing(build.cache_root(), ["kubectl"]):
+        return str(binary("kubectl"))
+    pytest.fail("LORAPOOL_E2E_KUBECONFIG is set but there is no kubectl on PATH nor a cached one")
+
+
+@pytest.fixture(scope="session")
+def e2e_target(request: pytest.FixtureRequest) -> Iterator[Target]:
+    kubeconfig = os.environ.get("LORAPOOL_E2E_KUBECONFIG")
+    if kubeconfig:
+        yield Target(Path(kubeconfig), None, _kubectl_for_real_cluster())
+        return
+    local: LocalCluster = request.getfixturevalue("local_cluster")
+    yield Target(local.kubeconfig, local, str(binary("kubectl")))
+
+
+def keep() -> bool:
+    return os.environ.get("LORAPOOL_E2E_KEEP") == "1"

@@ -1,0 +1,352 @@
+"""End to end: install the chart, apply a LoRAPool, wait until it is Ready, look at what it made;
+on a real cluster also send an OpenAI request for an adapter through the pool's router.
+
+Runs against the local control plane in CI (`make test`) and against any cluster with
+LORAPOOL_E2E_KUBECONFIG (e2e/kind.sh does that on a kind cluster). See conftest.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+from tests.controller.conftest import OperatorProcess, free_port, wait_until
+from tests.delivery.helm import CHART, helm
+from tests.e2e.conftest import Target, keep
+
+from lorapool.api.models import DEFAULT_LORAPOOL_IMAGE
+from lorapool.testing.peft import write_peft_adapter
+from lorapool.testing.processes import start_process
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+RELEASE = SYSTEM_NS = "lorapool-e2e"
+OPERATOR = f"{RELEASE}-operator"  # the release name contains the chart's: no "-lorapool" infix
+POOL_NS, POOL = "lorapool-e2e-pools", "e2e"
+BASE = "meta-llama/Meta-Llama-3-8B-Instruct"
+ADAPTERS = {"sql-coder": 16, "support-bot": 8}
+# Locally the chart's image is the one the operator tests pass to their operator: a session runs
+# both, and an operator watching every namespace then renders this pool's children identically.
+LOCAL_IMAGE = "lorapool:test"
+LOCAL_IDENTITY = "e2e-chart-operator"
+# Fully qualified: the CRDs' category "lorapool" equals LoRAPool's singular name, so kubectl may
+# expand `kubectl get lorapool NAME` to the whole category ("you must specify only one resource").
+POOLS = "lorapools.lorapool.io"
+
+
+def image() -> str:
+    return os.environ.get("LORAPOOL_E2E_IMAGE") or DEFAULT_LORAPOOL_IMAGE
+
+
+def get(target: Target, kind: str, name: str, namespace: str = POOL_NS) -> dict[str, Any] | None:
+    result = target.kubectl("get", kind, name, "-n", namespace, "-o", "json", check=False)
+    return json.loads(result.stdout) if result.returncode == 0 else None
+
+
+def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
+    conditions = ((obj or {}).get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == type_), {})
+
+
+@pytest.fixture(scope="module")
+def release(e2e_target: Target) -> Iterator[str]:
+    """The chart installed with --wait, watching only the pool namespace (namespaced Roles)."""
+    chart_image = LOCAL_IMAGE if e2e_target.local else image()
+    repository, _, tag = chart_image.rpartition(":")
+    e2e_target.kubectl("create", "namespace", POOL_NS, check=False)
+    helm(
+        "upgrade",
+        "--install",
+        RELEASE,
+        str(CHART),
+        "-n",
+        SYSTEM_NS,
+        "--create-namespace",
+        "--wait",
+        "--timeout",
+        "300s",
+        "--set",
+        f"image.repository={repository}",
+        "--set",
+        f"image.tag={tag}",
+        "--set-json",
+        f'watchNamespaces=["{POOL_NS}"]',
+        "--set",
+        "logLevel=DEBUG",
+        kubeconfig=e2e_target.kubeconfig,
+    )
+    yield chart_image
+    if keep():
+        return
+    e2e_target.kubectl("delete", POOLS, POOL, "-n", POOL_NS, "--ignore-not-found", "--wait=true", check=False)
+    helm("uninstall", RELEASE, "-n", SYSTEM_NS, "--wait", kubeconfig=e2e_target.kubeconfig, check=False)
+    e2e_target.kubectl("delete", "namespace", POOL_NS, SYSTEM_NS, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def chart_operator(
+    e2e_target: Target, release: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess | None]:
+    """Locally: the chart's operator run as a process with the Deployment's own args and a
+    TokenRequest token of the chart's ServiceAccount. On a real cluster: the chart's pods."""
+    if e2e_target.local is None:
+        yield None
+        return
+    deployment = get(e2e_target, "deployment", OPERATOR, SYSTEM_NS)
+    assert deployment is not None
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    sa = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    kubeconfig = e2e_target.local.service_account_kubeconfig(SYSTEM_NS, sa)
+    metrics, liveness = free_port(), free_port()
+    env = {"POD_NAME": LOCAL_IDENTITY, "POD_NAMESPACE": SYSTEM_NS}
+    args = []
+    for arg in container["args"]:
+        for name, value in env.items():
+            arg = arg.replace(f"$({name})", value)  # what the kubelet does with $(VAR) in args
+        flag = arg.split("=", 1)[0]
+        arg = {
+            "--metrics-port": f"--metrics-port={metrics}",
+            "--liveness-port": f"--liveness-port={liveness}",
+            "--bind": "--bind=127.0.0.1",
+        }.get(flag, arg)
+        args.append(arg)
+    assert args[0] == "operator"
+    proc = start_process(
+        [sys.executable, "-m", "lorapool.cli", *args, "--kubeconfig", str(kubeconfig)],
+        f"http://127.0.0.1:{liveness}/healthz",
+        90,
+        env=env,
+    )
+    try:
+        yield OperatorProcess(proc.popen, metrics, liveness, proc.log_path)
+    finally:
+        proc.stop()
+        print(f"--- chart operator log ---\n{proc.output()[-4000:]}")
+        proc.close()
+
+
+ADAPTER_SERVER = """
+import functools, http.server, pathlib, sys
+from lorapool.testing.peft import write_peft_adapter
+root = pathlib.Path("/tmp/adapters")
+for name, rank in {adapters!r}.items():
+    write_peft_adapter(root / name, rank=rank, base_model={base!r})
+handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+print("serving adapters", flush=True)
+http.server.ThreadingHTTPServer(("", 8000), handler).serve_forever()
+"""
+
+
+def adapter_server(target: Target, chart_image: str) -> dict[str, str]:
+    """An in-cluster HTTP server of small real PEFT adapters (the lorapool image writes them):
+    what the operator and the sidecars download from on a cluster without internet access."""
+    labels = {"app.kubernetes.io/name": "e2e-adapters"}
+    docs = [
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "adapters", "namespace": POOL_NS},
+            "spec": {
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "securityContext": {
+                            "runAsNonRoot": True,
+                            "runAsUser": 1000,
+                            "seccompProfile": {"type": "RuntimeDefault"},
+                        },
+                        "containers": [
+                            {
+                                "name": "http",
+                                "image": chart_image,
+                                "imagePullPolicy": "IfNotPresent",
+                                "command": ["python", "-c", ADAPTER_SERVER.format(adapters=ADAPTERS, base=BASE)],
+                                "ports": [{"name": "http", "containerPort": 8000}],
+                                "readinessProbe": {
+                                    "httpGet": {"path": "/sql-coder/adapter_config.json", "port": "http"}
+                                },
+                                "securityContext": {
+                                    "allowPrivilegeEscalation": False,
+                                    "readOnlyRootFilesystem": True,
+                                    "capabilities": {"drop": ["ALL"]},
+                                },
+                                "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+                            }
+                        ],
+                        "volumes": [{"name": "tmp", "emptyDir": {}}],
+                    },
+                },
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "adapters", "namespace": POOL_NS},
+            "spec": {"selector": labels, "ports": [{"name": "http", "port": 8000, "targetPort": "http"}]},
+        },
+    ]
+    target.kubectl("apply", "-f", "-", input_text=yaml.safe_dump_all(docs))
+    target.kubectl("rollout", "status", "deployment/adapters", "-n", POOL_NS, "--timeout=180s", timeout_s=200)
+    return {name: f"http://adapters.{POOL_NS}.svc:8000/{name}" for name in ADAPTERS}
+
+
+def pool_doc(sources: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "lorapool.io/v1alpha1",
+        "kind": "LoRAPool",
+        "metadata": {"name": POOL, "namespace": POOL_NS},
+        "spec": {
+            "baseModel": {"name": BASE, "source": f"hf://{BASE}"},
+            "gpu": {"product": "A100-80GB", "count": 1},
+            "replicas": 2,
+            "adapters": [{"name": n, "source": sources[n], "rank": r} for n, r in ADAPTERS.items()],
+            "lora": {"maxLoras": "auto", "maxLoraRank": "auto", "maxCpuLoras": "auto"},
+            # The simulator image answers as `vllm serve` (Dockerfile target `sim`); it needs no GPU
+            # memory, so small requests let it fit on a kind node.
+            "vllm": {
+                "image": os.environ.get("LORAPOOL_E2E_SIM_IMAGE") or "lorapool-sim:e2e",
+                "maxModelLen": 8192,
+                "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+            },
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def pool(
+    e2e_target: Target, release: str, chart_operator: OperatorProcess | None, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    """The pool applied and Ready, as `kubectl wait` sees it."""
+    if e2e_target.real:
+        sources = adapter_server(e2e_target, release)
+    else:
+        root = tmp_path_factory.mktemp("adapters")
+        sources = {
+            n: "file://" + str(write_peft_adapter(root / n, rank=r, base_model=BASE)) for n, r in ADAPTERS.items()
+        }
+    e2e_target.kubectl("apply", "-f", "-", input_text=yaml.safe_dump(pool_doc(sources)))
+    timeout = "600s" if e2e_target.real else "120s"
+    e2e_target.kubectl(
+        "wait", "--for=condition=Ready", f"lp/{POOL}", "-n", POOL_NS, f"--timeout={timeout}", timeout_s=660
+    )
+    return json.loads(e2e_target.kubectl("get", POOLS, POOL, "-n", POOL_NS, "-o", "json").stdout)
+
+
+def test_chart_operator_runs_and_leads(
+    e2e_target: Target, release: str, chart_operator: OperatorProcess | None
+) -> None:
+    e2e_target.kubectl("wait", "--for=condition=Available", f"deployment/{OPERATOR}", "-n", SYSTEM_NS, "--timeout=120s")
+    lease = wait_until(
+        "leader Lease held",
+        lambda: (held := get(e2e_target, "lease", OPERATOR, SYSTEM_NS)) and held["spec"].get("holderIdentity") and held,
+        60,
+    )
+    holder = lease["spec"]["holderIdentity"]
+    if chart_operator is not None:
+        assert holder == LOCAL_IDENTITY
+    else:
+        pods = json.loads(
+            e2e_target.kubectl(
+                "get", "pods", "-n", SYSTEM_NS, "-l", "app.kubernetes.io/component=operator", "-o", "json"
+            ).stdout
+        )
+        assert holder in {p["metadata"]["name"] for p in pods["items"]}
+
+
+def test_pool_is_ready_with_plan_status_and_a_current_generation(pool: dict[str, Any]) -> None:
+    status = pool["status"]
+    assert status["observedGeneration"] == pool["metadata"]["generation"]
+    for type_ in ("Ready", "Progressing", "Degraded"):
+        assert condition(pool, type_)["observedGeneration"] == pool["metadata"]["generation"], type_
+    assert condition(pool, "Progressing")["status"] == "False" and condition(pool, "Degraded")["status"] == "False"
+    assert status["plan"]["maxLoraRank"] == 16 and status["plan"]["maxLoras"] >= len(ADAPTERS)
+    assert {a["name"]: a["rank"] for a in status["adapters"]} == ADAPTERS
+    assert status["readyReplicas"] == 2 and status["endpoint"] == f"http://{POOL}.{POOL_NS}.svc:8000/v1"
+
+
+def test_children_are_owned_and_use_the_charts_image(e2e_target: Target, release: str, pool: dict[str, Any]) -> None:
+    for kind, name in [
+        ("deployment", f"{POOL}-engine"),
+        ("deployment", f"{POOL}-router"),
+        ("service", POOL),
+        ("service", f"{POOL}-engine"),
+        ("configmap", f"{POOL}-adapters"),
+        ("pdb", f"{POOL}-engine"),
+        ("role", f"{POOL}-router"),
+        ("rolebinding", f"{POOL}-router"),
+        ("serviceaccount", f"{POOL}-router"),
+    ]:
+        child = get(e2e_target, kind, name)
+        assert child is not None, f"{kind}/{name} missing"
+        assert [o["uid"] for o in child["metadata"]["ownerReferences"]] == [pool["metadata"]["uid"]]
+    engine = get(e2e_target, "deployment", f"{POOL}-engine")
+    router = get(e2e_target, "deployment", f"{POOL}-router")
+    assert engine and router
+    containers = {c["name"]: c["image"] for c in engine["spec"]["template"]["spec"]["containers"]}
+    assert containers["adapter-sync"] == release  # the chart's --image
+    assert router["spec"]["template"]["spec"]["containers"][0]["image"] == release
+    printed = e2e_target.kubectl("get", "lp", POOL, "-n", POOL_NS).stdout
+    assert POOL in printed and "True" in printed
+
+
+def test_chart_operator_reconciled_without_errors(chart_operator: OperatorProcess | None, pool: dict[str, Any]) -> None:
+    """The chart's RBAC lets its operator do the whole reconcile: no failed reconcile, no 403."""
+    if chart_operator is None:
+        pytest.skip("on a real cluster the chart's pods reconcile; their metrics are not reachable from here")
+    assert chart_operator.metric("lorapool_operator_reconciles_total", result="ok") >= 1
+    assert chart_operator.metric("lorapool_operator_reconciles_total", result="error") == 0
+    assert "Forbidden" not in chart_operator.log.read_text()
+
+
+def _port_forward(target: Target, port: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [
+            target.kubectl_bin,
+            f"--kubeconfig={target.kubeconfig}",
+            "port-forward",
+            "-n",
+            POOL_NS,
+            f"svc/{POOL}",
+            f"{port}:8000",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def test_router_answers_an_openai_request_for_an_adapter(e2e_target: Target, pool: dict[str, Any]) -> None:
+    if not e2e_target.real:
+        pytest.skip("KWOK runs no containers: the router and engines are fakes on the local control plane")
+    import openai
+
+    port = free_port()
+    forward = _port_forward(e2e_target, port)
+    try:
+        base = f"http://127.0.0.1:{port}"
+
+        def listed() -> bool:
+            try:
+                models = json.loads(urllib.request.urlopen(f"{base}/v1/models", timeout=5).read())
+            except OSError:
+                return False
+            return set(ADAPTERS) <= {m["id"] for m in models["data"]}
+
+        wait_until("router lists the adapters", listed, 300)
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=3, timeout=60)
+        completion = client.completions.create(model="sql-coder", prompt="SELECT", max_tokens=8)
+        assert completion.model == "sql-coder" and completion.choices[0].text
+        chat = client.chat.completions.create(
+            model="support-bot", messages=[{"role": "user", "content": "hi"}], max_tokens=8
+        )
+        assert chat.choices[0].message.content
+    finally:
+        forward.terminate()
+        forward.wait(timeout=10)
