@@ -112,6 +112,7 @@ def start_operator(
     yield start
     for op in started:
         op.stop(kill=True)
+        print(f"--- {op.log} ---\n{op.log.read_text(errors='replace')[-4000:]}")  # shown when a test failed
 
 
 @pytest.fixture(scope="session")
@@ -146,7 +147,9 @@ def wait_until(what: str, check: Callable[[], Any], timeout_s: float = 60.0) -> 
         if result:
             return result
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}")
+            from tests.controller import test_operator
+
+            pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}; last pool: {test_operator.LAST}")
         time.sleep(0.3)
 
 

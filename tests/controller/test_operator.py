@@ -51,10 +51,14 @@ def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
     return next((c for c in ((obj or {}).get("status") or {}).get("conditions") or [] if c["type"] == type_), {})
 
 
+LAST: dict[str, Any] = {}
+
+
 def ready(cluster: LocalCluster, ns: str, name: str) -> dict[str, Any] | None:
     pool = get(cluster, "lorapool", ns, name)
+    LAST["pool"] = pool  # printed by the fixture teardown when a wait times out
     ok = condition(pool, "Ready").get("status") == "True"
-    current = pool and pool["status"].get("observedGeneration") == pool["metadata"]["generation"]
+    current = pool and (pool.get("status") or {}).get("observedGeneration") == pool["metadata"]["generation"]
     return pool if ok and current else None
 
 
@@ -114,7 +118,16 @@ def test_resync_of_an_unchanged_pool_writes_nothing(
 ) -> None:
     apply(local_cluster, pool_doc(ns, "quiet", [{"name": "a", "source": adapter_dir(tmp_path, "a", 8)}], replicas=1))
     wait_until("pool Ready", lambda: ready(local_cluster, ns, "quiet"), 90)
-    time.sleep(4)  # let the last status write land
+    # Other tests' namespaces may still be winding down: wait until the operator is quiet.
+    quiet = {"writes": -1.0, "since": time.monotonic()}
+
+    def settled() -> bool:
+        writes = operator.metric("lorapool_operator_writes_total")
+        if writes != quiet["writes"]:
+            quiet.update(writes=writes, since=time.monotonic())
+        return time.monotonic() - quiet["since"] > 5
+
+    wait_until("operator quiet", settled, 60)
     before_writes = operator.metric("lorapool_operator_writes_total")
     before_reconciles = operator.metric("lorapool_operator_reconciles_total")
     versions = {

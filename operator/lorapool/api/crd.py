@@ -142,7 +142,9 @@ def _crd(
                 "plural": plural,
                 "singular": kind.lower(),
                 "shortNames": [short],
-                "categories": ["lorapool", "ai"],
+                "categories": [
+                    "ai"
+                ],  # not "lorapool": a category equal to the singular shadows `kubectl get lorapool NAME`
             },
             "versions": [
                 {
