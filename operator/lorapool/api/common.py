@@ -8,7 +8,7 @@ from enum import StrEnum
 ADAPTER_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS1123_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 # Adapter sources. pvc://claim/path and file:///abs/path name local directories.
-SOURCE_PATTERN = r"^(hf://[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+(/.*)?|s3://[a-z0-9][-a-z0-9.]{1,62}(/.*)?|https?://[^\s]+|pvc://[a-z0-9][-a-z0-9.]*(/.*)?|file:///.*)$"
+SOURCE_PATTERN = r"^(hf://[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+(@[-A-Za-z0-9_./]+)?(/.*)?|s3://[a-z0-9][-a-z0-9.]{1,62}(/.*)?|https?://[^\s]+|pvc://[a-z0-9][-a-z0-9.]*(/.*)?|file:///.*)$"
 BASE_MODEL_SOURCE_PATTERN = r"^(hf://[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+|s3://[a-z0-9][-a-z0-9.]{1,62}(/.*)?|pvc://[a-z0-9][-a-z0-9.]*(/.*)?|file:///.*)$"
 SHA256_PATTERN = r"^[a-f0-9]{64}$"
 
