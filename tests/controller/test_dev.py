@@ -1,0 +1,36 @@
+"""`lorapool dev --once`, the README's main command, end to end on a fresh state directory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lorapool.cluster import build
+from lorapool.cluster.runtime import COMPONENTS
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.mark.timeout(420)
+def test_dev_brings_up_a_ready_pool_and_answers_an_adapter_request(tmp_path: Path) -> None:
+    if build.missing(build.cache_root(), COMPONENTS):
+        pytest.fail("control plane not built; run scripts/build-control-plane")
+    result = subprocess.run(
+        [sys.executable, "-m", "lorapool.cli", "dev", "--once", "--dir", str(tmp_path / "dev")],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
+    out = result.stdout
+    assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
+    assert "llama3-8b-engine" in out and "--max-lora-rank  16" in out
+    engine_lines = [line for line in out.splitlines() if line.startswith("llama3-8b-engine-")]
+    assert len(engine_lines) == 2 and all("gpu-a100-80gb-" in line for line in engine_lines)
+    answer = json.loads(out[out.index("\n{", out.index("$ curl")) :])
+    assert answer["model"] == "sql-coder" and answer["usage"]["completion_tokens"] > 0
+    assert not (tmp_path / "dev" / "cluster").exists() or not any((tmp_path / "dev" / "cluster").glob("*.pid"))
