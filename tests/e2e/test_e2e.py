@@ -36,8 +36,7 @@ ADAPTERS = {"sql-coder": 16, "support-bot": 8}
 # both, and an operator watching every namespace then renders this pool's children identically.
 LOCAL_IMAGE = "lorapool:test"
 LOCAL_IDENTITY = "e2e-chart-operator"
-# Fully qualified: the CRDs' category "lorapool" equals LoRAPool's singular name, so kubectl may
-# expand `kubectl get lorapool NAME` to the whole category ("you must specify only one resource").
+# Fully qualified, so a cluster with another `lorapool` resource or category cannot make it ambiguous.
 POOLS = "lorapools.lorapool.io"
 
 
