@@ -18,10 +18,12 @@ from kubernetes.client.exceptions import ApiException
 
 from lorapool.cluster import LocalCluster
 from lorapool.cluster.manifests import A100_40GB, A100_80GB, DEFAULT_NODES
-from lorapool.cluster.pytest_plugin import wait_for
+from lorapool.cluster.pytest_plugin import CLUSTER_START_S, wait_for
 from lorapool.cluster.versions import HELM_VERSION, KUBERNETES_VERSION, binary
 
 pytestmark = pytest.mark.cluster
+# Each timeout adds CLUSTER_START_S: whichever test runs first also pays for starting the
+# session's cluster (~12 s here, more on a loaded machine).
 
 NODES_80GB = {n.name for n in DEFAULT_NODES if n.gpu_product == A100_80GB}
 
@@ -40,7 +42,7 @@ def gpu_pod_spec(product: str, gpus: int = 1) -> dict[str, Any]:
     }
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(CLUSTER_START_S + 30)
 def test_control_plane_answers_with_pinned_version(local_cluster: LocalCluster, api_client: Any) -> None:
     version: Any = client.VersionApi(api_client).get_code()
     assert version.git_version == KUBERNETES_VERSION
@@ -51,7 +53,7 @@ def test_control_plane_answers_with_pinned_version(local_cluster: LocalCluster, 
     assert "readyz check passed" in readyz.stdout
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(CLUSTER_START_S + 30)
 def test_fake_nodes_carry_gfd_labels_and_gpu_capacity(api_client: Any) -> None:
     core: Any = client.CoreV1Api(api_client)
     nodes = {n.metadata.name: n for n in core.list_node().items}
@@ -77,7 +79,7 @@ def test_fake_nodes_carry_gfd_labels_and_gpu_capacity(api_client: Any) -> None:
         assert ready and ready[0].status == "True", node.metadata.name
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(CLUSTER_START_S + 90)
 def test_gpu_deployment_runs_only_on_80gb_nodes(api_client: Any, namespace: str) -> None:
     apps: Any = client.AppsV1Api(api_client)
     core: Any = client.CoreV1Api(api_client)
@@ -109,7 +111,7 @@ def test_gpu_deployment_runs_only_on_80gb_nodes(api_client: Any, namespace: str)
         assert {c.type: c.status for c in pod.status.conditions}["Ready"] == "True"
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(CLUSTER_START_S + 60)
 @pytest.mark.parametrize(
     ("product", "gpus"),
     [("NVIDIA-H100-80GB-HBM3", 1), (A100_80GB, 9)],
@@ -131,7 +133,7 @@ def test_unsatisfiable_gpu_pod_stays_pending(api_client: Any, namespace: str, pr
     assert pod.spec.node_name is None
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(CLUSTER_START_S + 60)
 def test_service_account_token_kubeconfig_has_exactly_its_rbac(
     local_cluster: LocalCluster, api_client: Any, namespace: str
 ) -> None:
@@ -182,7 +184,7 @@ def test_service_account_token_kubeconfig_has_exactly_its_rbac(
     assert kubectl_denied.stdout.strip() == "no"
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(CLUSTER_START_S + 60)
 def test_garbage_collector_deletes_dependents(api_client: Any, namespace: str) -> None:
     core: Any = client.CoreV1Api(api_client)
     owner = core.create_namespaced_config_map(namespace, {"metadata": {"name": "owner"}})
@@ -206,7 +208,7 @@ def test_garbage_collector_deletes_dependents(api_client: Any, namespace: str) -
     wait_for("the dependent ConfigMap to be collected", dependent_gone, timeout_s=30)
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(CLUSTER_START_S + 60)
 def test_service_gets_endpoints_from_kwok_pod_ips(api_client: Any, namespace: str) -> None:
     apps: Any = client.AppsV1Api(api_client)
     core: Any = client.CoreV1Api(api_client)
@@ -247,7 +249,7 @@ def test_service_gets_endpoints_from_kwok_pod_ips(api_client: Any, namespace: st
     assert all(a.startswith("10.244.") for a in ready_endpoints())
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(CLUSTER_START_S + 60)
 def test_helm_runs_and_installs_a_chart(local_cluster: LocalCluster, namespace: str, tmp_path: Any) -> None:
     helm = str(binary("helm"))
     version = subprocess.run([helm, "version", "--short"], capture_output=True, text=True, check=True, timeout=30)
@@ -274,7 +276,7 @@ def test_helm_runs_and_installs_a_chart(local_cluster: LocalCluster, namespace: 
     assert cm.stdout == "hello"
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(CLUSTER_START_S + 60)
 def test_deleting_a_deployment_removes_its_pods(api_client: Any, namespace: str) -> None:
     """No kubelet finishes pod deletion here: kwok's pod-delete stage must, or rollouts and
     namespace deletion would hang on Terminating pods."""
@@ -300,10 +302,10 @@ def test_deleting_a_deployment_removes_its_pods(api_client: Any, namespace: str)
     wait_for("2 running pods", lambda: sum(p.status.phase == "Running" for p in pods()) == 2)
     apps.delete_namespaced_deployment("gone", namespace, propagation_policy="Foreground")
     wait_for("the pods to be gone", lambda: not pods(), timeout_s=45)
-    assert not apps.list_namespaced_replica_set(namespace).items
+    wait_for("the ReplicaSet to be gone", lambda: not apps.list_namespaced_replica_set(namespace).items)
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(CLUSTER_START_S + 60)
 def test_crd_cel_validation_rules_are_enforced(api_client: Any, namespace: str) -> None:
     """The operator's CRDs use x-kubernetes-validations; this apiserver evaluates them."""
     ext: Any = client.ApiextensionsV1Api(api_client)

@@ -98,16 +98,21 @@ def go_env() -> dict[str, str]:
     return env
 
 
+def go_binary() -> str | None:
+    """`go` from PATH, else the standard install location (CI's PATH may lack it)."""
+    return shutil.which("go") or shutil.which("go", path="/usr/local/go/bin")
+
+
 def run_go(args: Sequence[str], cwd: Path, env: dict[str, str]) -> None:
     """Run go, streaming its output (the `go: downloading` lines are the progress)."""
     log(f"Running go {' '.join(args)} cwd={cwd}")
-    result = subprocess.run(["go", *args], cwd=cwd, env=env, check=False)
+    result = subprocess.run([go_binary() or "go", *args], cwd=cwd, env=env, check=False)
     if result.returncode != 0:
         raise SystemExit(f"go {' '.join(args)} failed with exit code {result.returncode} in {cwd}")
 
 
 def go_output(args: Sequence[str], cwd: Path, env: dict[str, str]) -> str:
-    result = subprocess.run(["go", *args], cwd=cwd, env=env, check=False, capture_output=True, text=True)
+    result = subprocess.run([go_binary() or "go", *args], cwd=cwd, env=env, check=False, capture_output=True, text=True)
     if result.returncode != 0:
         raise SystemExit(f"go {' '.join(args)} failed: {result.stderr.strip()}")
     return result.stdout
@@ -222,9 +227,9 @@ def ensure_built(names: Sequence[str] | None = None, root: Path | None = None) -
     root = root or cache_root()
     todo = missing(root, names)
     if todo:
-        if shutil.which("go") is None:
+        if go_binary() is None:
             raise SystemExit(
-                f"go is not on PATH; install Go >= 1.26 to build the control plane ({', '.join(c.key for c in todo)})"
+                f"go is not on PATH nor in /usr/local/go/bin; install Go >= 1.26 to build the control plane ({', '.join(c.key for c in todo)})"
             )
         with build_lock(root):
             todo = missing(root, names)  # another process may have built them meanwhile

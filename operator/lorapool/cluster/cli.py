@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
                 return 0
-            LocalCluster(args.state_dir, kubeconfig=args.kubeconfig, timeout_s=args.timeout_s).start()
+            LocalCluster(args.state_dir, kubeconfig=args.kubeconfig, timeout_s=args.timeout_s, detach=True).start()
             print(f"export KUBECONFIG={args.kubeconfig.expanduser().resolve()}")
             return 0
         if command == "down":

@@ -10,6 +10,7 @@ operator's own client library is not needed to bring a cluster up.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import logging
 import os
@@ -154,6 +155,10 @@ class LocalCluster:
 
     `start()` returns once the API is ready, the default ServiceAccount exists and every fake
     node is Ready; `stop()` ends the processes it started and deletes the state directory.
+    Unless `detach` (what `lorapool cluster up` uses), the processes are also killed when the
+    Python process that started them dies, so a killed test run leaks no cluster (Linux
+    ties that to the starting thread: call `start()` from a thread that lives as long, e.g.
+    the main one, not from a short-lived worker thread).
     """
 
     def __init__(
@@ -162,11 +167,13 @@ class LocalCluster:
         kubeconfig: Path | None = None,
         nodes: Sequence[FakeNode] = DEFAULT_NODES,
         timeout_s: float = 120.0,
+        detach: bool = False,
     ) -> None:
         self.layout = Layout((state_dir or default_state_dir()).expanduser().resolve())
         self._kubeconfig = (kubeconfig or self.layout.component_kubeconfig("admin")).expanduser()
         self.nodes = tuple(nodes)
         self.timeout_s = timeout_s
+        self.detach = detach
         self.ports: Ports | None = None
         self._procs: dict[str, _Process] = {}
 
@@ -414,8 +421,8 @@ class LocalCluster:
         exe = str(binary(name))
         log_path = self.layout.logs / f"{name}.log"
         with log_path.open("ab") as out:
-            # A new session: the processes outlive `lorapool cluster up` and a Ctrl-C in the
-            # terminal that ran it; `down` stops them by pid.
+            # A new session: a Ctrl-C meant for the caller does not reach the control plane;
+            # `stop()` / `down` end it by pid.
             popen = subprocess.Popen(
                 [exe, *args],
                 stdin=subprocess.DEVNULL,
@@ -423,6 +430,7 @@ class LocalCluster:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 cwd=self.layout.root,
+                preexec_fn=None if self.detach else _die_with_parent,
             )
         self._procs[name] = _Process(name, popen.pid, exe, log_path, popen)
         log.info("Started %s pid=%d log=%s", name, popen.pid, log_path)
@@ -502,6 +510,15 @@ class LocalCluster:
                 path.unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             self.layout.root.rmdir()  # only if nothing else lives there
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the parent dies (Linux PR_SET_PDEATHSIG).
+
+    KILL, not TERM: all components get it at once, and kube-apiserver's graceful shutdown
+    hangs once etcd is gone; the state is disposable anyway."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
 
 
 def _terminate(proc: _Process, grace_s: float = 10.0) -> None:
