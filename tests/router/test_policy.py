@@ -93,6 +93,8 @@ def test_filter(case: FilterCase) -> None:
 def test_bounded_load_rejects_factor_below_one() -> None:
     with pytest.raises(ValueError, match=r"factor=0\.9"):
         bounded_load(0.9)
+    with pytest.raises(ValueError, match="slack=-1"):
+        bounded_load(1.25, slack=-1)
 
 
 @dataclass(frozen=True)
@@ -189,10 +191,17 @@ CHOOSE_CASES = [
         "1",
     ),
     ChooseCase(
-        "affinity spreads a hot adapter past the load cap",
+        "affinity keeps a warm adapter within the slack",
         "affinity",
         A,
         [b("1", active={"a": 5}, load=5), b("2", active={"x": 1}, load=1)],
+        "1",
+    ),
+    ChooseCase(
+        "affinity spreads a hot adapter past the load cap",
+        "affinity",
+        A,
+        [b("1", active={"a": 20}, load=20), b("2", active={"x": 1}, load=1)],
         "2",
     ),
     ChooseCase(

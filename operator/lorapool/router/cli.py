@@ -40,6 +40,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="affinity: bounded-load cap as a multiple of the mean load (default %(default)s)",
     )
     parser.add_argument(
+        "--load-slack",
+        type=float,
+        default=d.load_slack,
+        metavar="REQUESTS",
+        help="affinity: requests a backend may run above the mean before spreading (default %(default)s)",
+    )
+    parser.add_argument(
         "--max-loras",
         type=int,
         default=d.max_loras,
@@ -108,6 +115,7 @@ def settings_from(args: argparse.Namespace) -> RouterSettings:
         port_name=args.port_name,
         policy=args.policy,
         load_factor=args.load_factor,
+        load_slack=args.load_slack,
         max_loras=args.max_loras,
         max_cpu_loras=args.max_cpu_loras,
         max_wait_s=args.max_wait,

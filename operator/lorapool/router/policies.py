@@ -46,7 +46,7 @@ class Scheduling:
 AFFINITY_WEIGHTS = {"lora_affinity": 10.0, "least_load": 1.0, "kv_cache": 0.5, "rendezvous": 0.3}
 
 
-def affinity(load_factor: float = 1.25) -> Scheduling:
+def affinity(load_factor: float = 1.25, load_slack: float = 8.0) -> Scheduling:
     """Adapter affinity with bounded load and LoRA-slot grouping."""
     scorers = (
         (lora_affinity, AFFINITY_WEIGHTS["lora_affinity"]),
@@ -54,7 +54,7 @@ def affinity(load_factor: float = 1.25) -> Scheduling:
         (rendezvous, AFFINITY_WEIGHTS["rendezvous"]),
         (kv_cache, AFFINITY_WEIGHTS["kv_cache"]),
     )
-    cap = bounded_load(load_factor)
+    cap = bounded_load(load_factor, load_slack)
     strict = Policy("affinity", (healthy, serves_model, lora_slots, cap), scorers, HighestScore())
     fallback = Policy("affinity-best-effort", (healthy, serves_model, cap), scorers, HighestScore())
     return Scheduling(strict, fallback, holds=True)
@@ -72,7 +72,7 @@ def round_robin() -> Scheduling:
     return Scheduling(policy, policy, holds=False)
 
 
-def build(name: str | PolicyName, *, load_factor: float = 1.25) -> Scheduling:
+def build(name: str | PolicyName, *, load_factor: float = 1.25, load_slack: float = 8.0) -> Scheduling:
     """The scheduling for a ``--policy`` value; raises ValueError naming the choices."""
     try:
         which = PolicyName(name)
@@ -80,7 +80,7 @@ def build(name: str | PolicyName, *, load_factor: float = 1.25) -> Scheduling:
         choices = ", ".join(p.value for p in PolicyName)
         raise ValueError(f"--policy={name!r} is not one of {choices}") from None
     if which is PolicyName.AFFINITY:
-        return affinity(load_factor)
+        return affinity(load_factor, load_slack)
     if which is PolicyName.LEAST_LOADED:
         return least_loaded()
     return round_robin()

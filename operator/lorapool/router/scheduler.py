@@ -9,6 +9,7 @@ that waited ``max_wait_s`` is sent best-effort by the fallback policy. One event
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +21,8 @@ from lorapool.router.settings import RouterSettings
 from lorapool.router.state import BackendState
 from lorapool.router.telemetry import Telemetry
 from lorapool.router.waitqueue import WaitQueues
+
+log = logging.getLogger("lorapool.router.scheduler")
 
 
 class NoBackend(Exception):
@@ -130,6 +133,9 @@ class Scheduler:
         if not self.queues.push(req.model, waiter, now):
             raise QueueFull(f"{len(self.queues)} requests are already waiting")
         self.telemetry.decisions.labels(DecisionKind.QUEUED.value).inc()
+        if log.isEnabledFor(logging.DEBUG):
+            active = {v.id: sorted(v.active) for v in self._views()}
+            log.debug("Held request", extra={"model": req.model, "active": active})
         try:
             await asyncio.wait({waiter.future}, timeout=self.settings.max_wait_s)
         except asyncio.CancelledError:
@@ -153,6 +159,10 @@ class Scheduler:
         view = next(v for v in views if v.id == chosen)
         kind = classify(req, view)
         state = self.states[chosen]
+        if log.isEnabledFor(logging.DEBUG):
+            loads = {v.id: (v.load, len(v.active), req.model in v.active) for v in views}
+            extra = {"model": req.model, "kind": kind.value, "backend": chosen, "loads": loads}
+            log.debug("Bound request", extra=extra)
         state.begin(req.model, is_adapter=req.is_adapter)
         self.telemetry.decisions.labels(kind.value).inc()
         return Lease(state, req, kind)

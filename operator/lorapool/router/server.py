@@ -32,7 +32,7 @@ SHUTDOWN_GRACE_S = 10.0
 
 async def serve(settings: RouterSettings) -> None:
     """Run until a stop signal arrives."""
-    scheduling = policies.build(settings.policy, load_factor=settings.load_factor)
+    scheduling = policies.build(settings.policy, load_factor=settings.load_factor, load_slack=settings.load_slack)
     if not settings.backends and not settings.endpointslices:
         raise ValueError("give --backend URL (repeatable) or --endpointslices NAMESPACE/SERVICE")
     telemetry = Telemetry(max_model_labels=settings.max_model_labels)

@@ -101,8 +101,11 @@ class BackendState:
         if metrics.max_loras and metrics.max_loras != self.reported_max_loras:
             self.reported_max_loras = metrics.max_loras
             self._warm_cache = None
-        self.foreign_active = frozenset(metrics.active_adapters - seen)
         self.foreign_load = max(0, metrics.running + metrics.waiting - peak)
+        # vLLM stamps lora_requests_info after each step, so an idle engine keeps reporting
+        # the adapters of its last step: trust foreign adapters only with foreign load.
+        foreign = metrics.active_adapters - seen if self.foreign_load else frozenset()
+        self.foreign_active = frozenset(foreign)
         for name in metrics.running_adapters - self.adapter_inflight.keys():
             self._touch(name)
 
