@@ -18,6 +18,7 @@ lint:
 
 crds:
 	lorapool crds --out crds
+	lorapool crds --out charts/lorapool/crds
 
 unit: install
 	$(PYTHON) -m pytest -m "not cluster" -q

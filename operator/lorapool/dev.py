@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
             [sys.executable, "-m", "lorapool.cli", "operator", "--kubeconfig", str(sa_kubeconfig), "--bind", "127.0.0.1",
              "--metrics-port", str(metrics), "--liveness-port", str(liveness), "--metadata-timeout-seconds", "3",
              "--leader-election-namespace", "lorapool-system"],
-            f"http://127.0.0.1:{liveness}/healthz", timeout=60,
+            f"http://127.0.0.1:{liveness}/readyz", timeout=60,
         )
         processes.append(operator)
         _say(f"Applying LoRAPool {ns}/{name}")

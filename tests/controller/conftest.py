@@ -105,7 +105,7 @@ def start_operator(
         op = OperatorProcess(proc, metrics, liveness, log)
         started.append(op)
         if wait:
-            wait_until("operator liveness", lambda: _ok(f"http://127.0.0.1:{liveness}/healthz") or _dead(op), 60)
+            wait_until("operator leading", lambda: _ok(f"http://127.0.0.1:{liveness}/readyz") or _dead(op), 60)
             assert proc.poll() is None, log.read_text()[-3000:]
         return op
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -336,8 +338,13 @@ def test_killed_operator_converges_after_restart_and_standby_takes_over(
     tmp_path: Path,
 ) -> None:
     standby = start_operator(wait=False)  # waits for the Lease held by `operator`
-    time.sleep(3)
-    assert standby.proc.poll() is None and "Waiting for leader Lease" in standby.log.read_text()
+    wait_until("standby waiting", lambda: "Waiting for leader Lease" in standby.log.read_text(), 30)
+    assert standby.proc.poll() is None
+    health = f"http://127.0.0.1:{standby.liveness_port}"
+    assert urllib.request.urlopen(f"{health}/healthz", timeout=5).status == 200  # alive: probes must not kill it
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(f"{health}/readyz", timeout=5)
+    assert info.value.code == 503
 
     apply(local_cluster, pool_doc(ns, "crash", [{"name": "a", "source": adapter_dir(tmp_path, "a", 8)}], replicas=1))
     time.sleep(0.5)  # mid-reconcile

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import kopf
+from aiohttp import web
 from kubernetes import client, config
 from prometheus_client import start_http_server
 
@@ -115,17 +116,48 @@ def build_registry(reconciler: PoolReconciler) -> kopf.OperatorRegistry:
     return registry
 
 
+async def _serve_health(cfg: OperatorConfig, leading: asyncio.Event, kopf_ready: asyncio.Event) -> web.AppRunner:
+    """/healthz: the process is alive (standbys too, so probes do not restart them);
+    /readyz: this replica leads and kopf's watches are running."""
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def readyz(_: web.Request) -> web.Response:
+        if leading.is_set() and kopf_ready.is_set():
+            return web.Response(text="leading")
+        return web.Response(status=503, text="standby: waiting for the leader Lease")
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, cfg.bind, cfg.liveness_port).start()
+    return runner
+
+
 async def run_operator(cfg: OperatorConfig) -> int:
     api = _load_kube(cfg.kubeconfig)
+    leading, kopf_ready = asyncio.Event(), asyncio.Event()
+    try:
+        # Both servers start before the Lease: a standby is alive and scrapeable, just not ready.
+        start_http_server(cfg.metrics_port, addr=cfg.bind)
+        health = await _serve_health(cfg, leading, kopf_ready)
+    except OSError as exc:
+        log.error(
+            "Cannot listen on %s (metrics %s, health %s): %s; choose other ports",
+            cfg.bind,
+            cfg.metrics_port,
+            cfg.liveness_port,
+            exc,
+        )
+        return 2
     elector = None
     if cfg.leader_election:
         elector = LeaseElector(api, cfg.lease_namespace, cfg.lease_name, cfg.identity)
         await elector.acquire()
-    try:
-        start_http_server(cfg.metrics_port, addr=cfg.bind)
-    except OSError as exc:
-        log.error("Cannot serve metrics on %s:%s: %s; choose another --metrics-port", cfg.bind, cfg.metrics_port, exc)
-        return 2
+    leading.set()
     cache = ConfigCache(ttl_s=300)
 
     async def fetch(source: str, revision: str | None) -> dict[str, Any]:
@@ -144,12 +176,13 @@ async def run_operator(cfg: OperatorConfig) -> int:
             standalone=True,  # no kopf peering: the Lease above decides who runs
             clusterwide=not cfg.namespaces,
             namespaces=list(cfg.namespaces),
-            liveness_endpoint=f"http://{cfg.bind}:{cfg.liveness_port}/healthz",
             stop_flag=stop,
+            ready_flag=kopf_ready,
         )
     finally:
         for task in tasks:
             task.cancel()
+        await health.cleanup()
         if elector is not None:
             await asyncio.to_thread(elector.release)
     return 1 if stop.is_set() and elector is not None else 0

@@ -343,4 +343,12 @@ def _invalid(problems: list[str], body: Mapping[str, Any]) -> list[dict[str, Any
             "observedGeneration": g,
         },
         {"type": "Degraded", "status": "True", "reason": "InvalidSpec", "message": message, "observedGeneration": g},
+        {
+            "type": "Reconciling",
+            "status": "False",
+            "reason": "InvalidSpec",
+            "message": message,
+            "observedGeneration": g,
+        },
+        {"type": "Stalled", "status": "True", "reason": "InvalidSpec", "message": message, "observedGeneration": g},
     ]

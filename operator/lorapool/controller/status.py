@@ -110,6 +110,21 @@ def pool_status(o: Observed) -> dict[str, Any]:
             readyc = condition("Ready", False, progressing["reason"], progressing["message"], g)
         conditions = [readyc, progressing, degraded]
 
+    # kstatus (Flux, kpt, cli-utils) reads abnormal-true Reconciling/Stalled on custom resources.
+    progressing_c = next(c for c in conditions if c["type"] == "Progressing")
+    stalled = bool(o.plan_errors)
+    conditions += [
+        condition(
+            "Reconciling", progressing_c["status"] == "True", progressing_c["reason"], progressing_c["message"], g
+        ),
+        condition(
+            "Stalled",
+            stalled,
+            "InvalidPlan" if stalled else "NotStalled",
+            "; ".join(o.plan_errors) if stalled else "the spec can be served",
+            g,
+        ),
+    ]
     return {
         "observedGeneration": g,
         "conditions": conditions,
