@@ -65,3 +65,15 @@ def test_up_status_down_round_trip(tmp_path: Path) -> None:
     assert not state.exists()
     assert not kubeconfig.exists()
     assert lorapool("status", "--dir", str(state), timeout_s=30).returncode == 3
+
+
+@pytest.mark.timeout(30)
+def test_up_refuses_to_overwrite_a_foreign_kubeconfig(tmp_path: Path) -> None:
+    if build.missing(cache_root(), COMPONENTS):
+        pytest.skip("control plane not built; run scripts/build-control-plane")
+    foreign = tmp_path / "config"
+    foreign.write_text("apiVersion: v1\nkind: Config\nclusters:\n- name: production\n")
+    up = lorapool("up", "--no-build", "--dir", str(tmp_path / "state"), "--kubeconfig", str(foreign))
+    assert up.returncode == 1
+    assert "is not a lorapool kubeconfig" in up.stderr
+    assert "production" in foreign.read_text()

@@ -39,6 +39,8 @@ log = logging.getLogger("lorapool.cluster")
 
 # Start order; stopped in reverse.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+# Starts to try when a component finds its port taken (see LocalCluster.start).
+PORT_ATTEMPTS = 3
 # Everything `down` may delete inside a state directory: never more, so a mistyped --dir
 # (say, $HOME) loses nothing that the cluster did not create.
 OWNED = ("pki", "logs", "etcd", "kubeconfig", "stages.yaml", "cluster.json")
@@ -214,13 +216,27 @@ class LocalCluster:
                 f"a cluster is already running from {self.layout.root}; "
                 f"run `lorapool cluster down --dir {self.layout.root}` first"
             )
+        if self._external_kubeconfig() and self._kubeconfig.exists() and not _is_ours(self._kubeconfig):
+            raise ClusterError(
+                f"{self._kubeconfig} exists and is not a lorapool kubeconfig; pass another --kubeconfig "
+                "path (this one would be overwritten, then deleted by `down`)"
+            )
         self._remove_state()
         started = time.monotonic()
-        try:
-            self._start(started)
-        except BaseException:
-            self.stop()
-            raise
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                self._start(started)
+                break
+            except ClusterError as err:
+                self.stop()
+                # Free ports are picked, released, then bound by the components: another
+                # cluster starting at the same moment can take one in between. Retry that.
+                if "address already in use" not in str(err) or attempt == PORT_ATTEMPTS:
+                    raise
+                log.warning("Retrying cluster start reason=%s attempt=%d", "port taken", attempt)
+            except BaseException:
+                self.stop()
+                raise
         log.info(
             "Started local cluster server=%s kubeconfig=%s seconds=%.1f",
             self.server,
@@ -238,9 +254,8 @@ class LocalCluster:
             proc = self._procs.pop(name, None)
             if proc is not None:
                 _terminate(proc)
-        with contextlib.suppress(FileNotFoundError):
-            if self._kubeconfig.is_file() and not self._kubeconfig.is_relative_to(self.layout.root):
-                self._kubeconfig.unlink()
+        if self._external_kubeconfig() and _is_ours(self._kubeconfig):
+            self._kubeconfig.unlink(missing_ok=True)
         self._remove_state()
         self.ports = None
 
@@ -344,7 +359,6 @@ class LocalCluster:
         self._spawn("kube-controller-manager", manifests.controller_manager_args(layout, ports))
         self._spawn("kube-scheduler", manifests.scheduler_args(layout, ports))
         self._spawn("kwok", manifests.kwok_args(layout, stages))
-        self._save_state()
 
         for node in self.nodes:
             status, answer = api.request("POST", "/api/v1/nodes", node.manifest())
@@ -366,6 +380,9 @@ class LocalCluster:
             deadline,
             lambda: _https_ok(f"https://127.0.0.1:{ports.controller_manager}/healthz"),
         )
+
+    def _external_kubeconfig(self) -> bool:
+        return not self._kubeconfig.resolve().is_relative_to(self.layout.root)
 
     def _write_pki(self) -> None:
         layout = self.layout
@@ -433,6 +450,7 @@ class LocalCluster:
                 preexec_fn=None if self.detach else _die_with_parent,
             )
         self._procs[name] = _Process(name, popen.pid, exe, log_path, popen)
+        self._save_state()  # at once: if this process dies now, `down` still finds the pid
         log.info("Started %s pid=%d log=%s", name, popen.pid, log_path)
 
     def _wait(self, what: str, deadline: float, done: Callable[[], bool]) -> None:
@@ -510,6 +528,16 @@ class LocalCluster:
                 path.unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             self.layout.root.rmdir()  # only if nothing else lives there
+
+
+def _is_ours(kubeconfig: Path) -> bool:
+    """A kubeconfig this module wrote (its only cluster is lorapool-local)."""
+    try:
+        config = yaml.safe_load(kubeconfig.read_text())
+    except (OSError, yaml.YAMLError):
+        return False
+    clusters = config.get("clusters") if isinstance(config, dict) else None
+    return isinstance(clusters, list) and [c.get("name") for c in clusters] == ["lorapool-local"]
 
 
 def _die_with_parent() -> None:
