@@ -1,8 +1,9 @@
 """pytest fixtures for tests that need the local control plane.
 
-`tests/cluster/conftest.py` imports them; a root conftest can share them with every test
-package with `pytest_plugins = ["lorapool.cluster.pytest_plugin"]`. One cluster per session:
-starting one takes ~10-20 s, far more than any test that uses it.
+Registered once for the whole suite by `tests/conftest.py` (`pytest_plugins =
+["lorapool.cluster.pytest_plugin"]`), so every test package shares one cluster per session:
+starting one takes ~12 s, far more than any test that uses it. Do not import `local_cluster`
+into another conftest: that defines a second fixture, hence a second cluster.
 """
 
 from __future__ import annotations
