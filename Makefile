@@ -13,7 +13,7 @@ run: install
 	lorapool dev
 
 lint:
-	ruff check operator tests bench
+	ruff check .
 	lint-imports
 
 crds:
