@@ -6,7 +6,6 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -17,6 +16,7 @@ from typing import Any
 import pytest
 
 from lorapool.cluster import LocalCluster
+from lorapool.cluster.pytest_plugin import wait_for as wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -138,19 +138,6 @@ def _ok(url: str) -> bool:
 
 def _dead(op: OperatorProcess) -> bool:
     return op.proc.poll() is not None
-
-
-def wait_until(what: str, check: Callable[[], Any], timeout_s: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            from tests.controller import test_operator
-
-            pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}; last pool: {test_operator.LAST}")
-        time.sleep(0.3)
 
 
 @pytest.fixture(scope="session")

@@ -53,12 +53,8 @@ def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
     return next((c for c in ((obj or {}).get("status") or {}).get("conditions") or [] if c["type"] == type_), {})
 
 
-LAST: dict[str, Any] = {}
-
-
 def ready(cluster: LocalCluster, ns: str, name: str) -> dict[str, Any] | None:
     pool = get(cluster, "lorapool", ns, name)
-    LAST["pool"] = pool  # printed by the fixture teardown when a wait times out
     ok = condition(pool, "Ready").get("status") == "True"
     current = pool and (pool.get("status") or {}).get("observedGeneration") == pool["metadata"]["generation"]
     return pool if ok and current else None
