@@ -351,3 +351,30 @@ def test_killed_operator_converges_after_restart_and_standby_takes_over(
     assert sorted(d["metadata"]["name"] for d in deployments) == ["crash-engine", "crash-router"]
     assert pool["status"]["plan"]["maxLoraRank"] == 8
     standby.stop()  # graceful: releases the Lease for the next shared operator
+
+
+def test_rank_is_read_from_an_http_source(
+    local_cluster: LocalCluster, operator: OperatorProcess, ns: str, tmp_path: Path
+) -> None:
+    """No rank in the spec: the operator reads adapter_config.json over HTTP (a loopback server)."""
+    import subprocess
+    import sys
+
+    from tests.controller.conftest import free_port
+
+    write_peft_adapter(tmp_path / "www" / "coder", rank=48, base_model=BASE)
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(tmp_path / "www")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        source = f"http://127.0.0.1:{port}/coder/"
+        apply(local_cluster, pool_doc(ns, "web", [{"name": "coder", "source": source}], replicas=1))
+        pool = wait_until("pool Ready", lambda: ready(local_cluster, ns, "web"), 90)
+        assert pool["status"]["adapters"][0]["rank"] == 48
+        assert pool["status"]["plan"]["maxLoraRank"] == 64  # 48 rounded up to vLLM's next rank
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
