@@ -18,7 +18,7 @@ from enum import StrEnum
 from lorapool.router.filters import bounded_load, healthy, lora_slots, serves_model
 from lorapool.router.pickers import HighestScore, RoundRobin
 from lorapool.router.policy import Policy
-from lorapool.router.scorers import kv_cache, least_load, lora_affinity, rendezvous
+from lorapool.router.scorers import kv_cache, least_load, lora_affinity, rendezvous, slot_pressure
 
 
 class PolicyName(StrEnum):
@@ -46,7 +46,7 @@ class Scheduling:
 AFFINITY_WEIGHTS = {"lora_affinity": 10.0, "least_load": 1.0, "kv_cache": 0.5, "rendezvous": 0.3}
 
 
-def affinity(load_factor: float = 1.25, load_slack: float = 8.0) -> Scheduling:
+def affinity(load_factor: float = 1.25, load_slack: float = 2.0) -> Scheduling:
     """Adapter affinity with bounded load and LoRA-slot grouping."""
     scorers = (
         (lora_affinity, AFFINITY_WEIGHTS["lora_affinity"]),
@@ -55,8 +55,19 @@ def affinity(load_factor: float = 1.25, load_slack: float = 8.0) -> Scheduling:
         (kv_cache, AFFINITY_WEIGHTS["kv_cache"]),
     )
     cap = bounded_load(load_factor, load_slack)
-    strict = Policy("affinity", (healthy, serves_model, lora_slots, cap), scorers, HighestScore())
-    fallback = Policy("affinity-best-effort", (healthy, serves_model, cap), scorers, HighestScore())
+    # The cap comes before the slot filter so that it is measured against the whole pool: a
+    # hot adapter's replica over the cap is not a candidate even when every other replica's
+    # slots are taken, so its requests wait and bind where a slot frees (they spread) instead
+    # of piling up behind one replica's batch.
+    strict = Policy("affinity", (healthy, serves_model, cap, lora_slots), scorers, HighestScore())
+    # Best effort: same preferences, but among replicas that are all full, the least
+    # over-committed one wins before load decides (slot_pressure outweighs least_load).
+    fallback = Policy(
+        "affinity-best-effort",
+        (healthy, serves_model, cap),
+        (*scorers, (slot_pressure, 2.0)),
+        HighestScore(),
+    )
     return Scheduling(strict, fallback, holds=True)
 
 
@@ -72,7 +83,7 @@ def round_robin() -> Scheduling:
     return Scheduling(policy, policy, holds=False)
 
 
-def build(name: str | PolicyName, *, load_factor: float = 1.25, load_slack: float = 8.0) -> Scheduling:
+def build(name: str | PolicyName, *, load_factor: float = 1.25, load_slack: float = 2.0) -> Scheduling:
     """The scheduling for a ``--policy`` value; raises ValueError naming the choices."""
     try:
         which = PolicyName(name)

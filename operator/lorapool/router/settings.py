@@ -23,8 +23,9 @@ class RouterSettings:
     # Bounded-load cap as a multiple of the mean load (1.25 as in KubeAI / CH-BL).
     load_factor: float = 1.25
     # Bounded-load slack: a backend may also run this many requests above the mean before a
-    # hot adapter spreads (filters/bounded_load.py says why; 8 measured best in bench/).
-    load_slack: float = 8.0
+    # hot adapter spreads (filters/bounded_load.py says why). Small: prefill cost grows with
+    # every request a replica takes, so large gaps hurt TTFT (bench/ regime d).
+    load_slack: float = 2.0
     # GPU slots assumed until a backend reports vllm:lora_requests_info{max_lora} (vLLM's default).
     max_loras: int = 1
     # vLLM --max-cpu-loras of the replicas, if known: lets the policy prefer CPU-cached adapters.

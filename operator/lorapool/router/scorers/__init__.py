@@ -4,5 +4,6 @@ from lorapool.router.scorers.kv_cache import kv_cache
 from lorapool.router.scorers.least_load import least_load
 from lorapool.router.scorers.lora_affinity import lora_affinity
 from lorapool.router.scorers.rendezvous import rendezvous
+from lorapool.router.scorers.slot_pressure import slot_pressure
 
-__all__ = ["kv_cache", "least_load", "lora_affinity", "rendezvous"]
+__all__ = ["kv_cache", "least_load", "lora_affinity", "rendezvous", "slot_pressure"]
