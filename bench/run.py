@@ -1,0 +1,167 @@
+"""Run the routing benchmark and write bench/RESULTS.md plus plots.
+
+    python bench/run.py --out bench/results            # everything (about an hour on 2 cores)
+    python bench/run.py --out /tmp/r --only a-uniform-poisson --systems "lorapool affinity"
+
+Every run starts fresh simulator replicas (cold caches, same seed), then one system in front
+of them, then replays the same seeded open-loop schedule. See RESULTS.md for the method.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import shlex
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # `python bench/run.py`: make `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.loadgen import RunResult, run_open_loop, schedule, summarize
+from bench.overhead import run_overhead
+from bench.report import write_report
+from bench.scenarios import SCENARIOS, SYSTEMS, Scenario
+from bench.systems import System, sim_fleet
+
+SIM_COUNTERS = ("sim:lora_loads_total", "sim:lora_load_stall_seconds_total")
+
+
+def scrape_sims(urls: list[str]) -> dict[str, float]:
+    """Sum the simulators' LoRA load counters (by source) and stall seconds."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals: dict[str, float] = {"cpu": 0.0, "disk": 0.0, "stall_s": 0.0}
+    for url in urls:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+            page = resp.read().decode()
+        for family in text_string_to_metric_families(page):
+            for sample in family.samples:
+                if sample.name == "sim:lora_loads_total":
+                    source = sample.labels.get("from", "")
+                    totals[source] = totals.get(source, 0.0) + sample.value
+                elif sample.name == "sim:lora_load_stall_seconds_total":
+                    totals["stall_s"] += sample.value
+    return totals
+
+
+async def _measure(
+    url: str, sims: list[str], scenario: Scenario
+) -> tuple[RunResult, dict[str, float], dict[str, float]]:
+    scale = scenario.fleet.time_scale
+    plan = [dataclasses.replace(p, at_s=p.at_s * scale) for p in schedule(scenario.workload)]
+    at_warmup: dict[str, float] = {}
+
+    async def snapshot() -> None:
+        await asyncio.sleep(scenario.warmup_s * scale)
+        at_warmup.update(await asyncio.to_thread(scrape_sims, sims))
+
+    snap = asyncio.create_task(snapshot())
+    result = await run_open_loop(url, plan, drain_timeout_s=20.0 * scale)
+    await snap
+    at_end = await asyncio.to_thread(scrape_sims, sims)
+    return result, at_warmup, at_end
+
+
+def run_one(scenario: Scenario, system: System, adapter_root: Path) -> dict[str, Any]:
+    """One system on one scenario, with fresh replicas."""
+    scale = scenario.fleet.time_scale
+    started = time.monotonic()
+    with (
+        sim_fleet(scenario.fleet, adapter_root) as sims,
+        system.start(sims, max_cpu_loras=scenario.fleet.max_cpu_loras, time_scale=scale) as url,
+    ):
+        result, before, after = asyncio.run(_measure(url, sims, scenario))
+    # Count only requests sent after the warm-up, in simulated seconds.
+    result.outcomes = [o for o in result.outcomes if o.sent_s >= scenario.warmup_s * scale]
+    for o in result.outcomes:
+        o.sent_s /= scale
+        o.ttft_s = o.ttft_s / scale if o.ttft_s is not None else None
+        o.done_s = o.done_s / scale if o.done_s is not None else None
+    window = scenario.workload.duration_s - scenario.warmup_s
+    summary = summarize(result, window_s=window, slo_ttft_s=scenario.slo_ttft_s)
+    n = max(1, summary["requests"])
+    loads = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in ("cpu", "disk", "stall_s")}
+    summary.update(
+        scenario=scenario.name,
+        system=system.name,
+        stalls_per_1k=1000.0 * (loads["cpu"] + loads["disk"]) / n,
+        disk_loads_per_1k=1000.0 * loads["disk"] / n,
+        stall_s_per_1k=1000.0 * loads["stall_s"] / n,
+        wall_s=time.monotonic() - started,
+        ttfts=sorted(o.ttft_s for o in result.outcomes if o.ttft_s is not None and not o.error),
+    )
+    return summary
+
+
+def describe(s: Scenario) -> dict[str, Any]:
+    return {
+        "name": s.name,
+        "regime": s.regime,
+        "about": s.about,
+        "slo_ttft_s": s.slo_ttft_s,
+        "time_scale": s.fleet.time_scale,
+        "warmup_s": s.warmup_s,
+        "fleet": dataclasses.asdict(s.fleet),
+        "workload": dataclasses.asdict(s.workload),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--report", type=Path, default=None, help="default: OUT/../RESULTS.md")
+    parser.add_argument("--only", default="", help="comma-separated scenario names")
+    parser.add_argument("--systems", default="", help="comma-separated system names")
+    parser.add_argument("--skip-overhead", action="store_true")
+    parser.add_argument("--overhead-only", action="store_true")
+    parser.add_argument("--report-only", action="store_true", help="rewrite RESULTS.md from OUT")
+    args = parser.parse_args(argv)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    report = args.report or out.parent / "RESULTS.md"
+    results_path = out / "results.json"
+    if args.report_only:
+        write_report(json.loads(results_path.read_text()), out, report)
+        return 0
+    scenarios = [s for s in SCENARIOS if not args.only or s.name in args.only.split(",")]
+    systems = [s for s in SYSTEMS if not args.systems or s.name in args.systems.split(",")]
+    adapter_root = Path(os.environ.get("BENCH_ADAPTERS", "/tmp/lorapool-bench-adapters"))
+    data: dict[str, Any] = {
+        "command": " ".join(shlex.quote(a) for a in ["python", "bench/run.py", *(argv or sys.argv[1:])]),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "scenarios": [describe(s) for s in scenarios],
+        "runs": [],
+        "overhead": None,
+    }
+    if not args.overhead_only:
+        for scenario in scenarios:
+            for system in systems:
+                try:
+                    summary = run_one(scenario, system, adapter_root)
+                except Exception as exc:  # a baseline that fails to start is reported, not fatal
+                    summary = {"scenario": scenario.name, "system": system.name, "error": repr(exc)[:500]}
+                data["runs"].append(summary)
+                shown = {k: v for k, v in summary.items() if k != "ttfts"}
+                print(json.dumps(shown, default=str), flush=True)
+                results_path.write_text(json.dumps(data, indent=1, default=str))
+    if not args.skip_overhead:
+        data["overhead"] = run_overhead(adapter_root)
+        print(json.dumps({k: v for k, v in data["overhead"].items() if k != "cdf"}, default=str))
+    results_path.write_text(json.dumps(data, indent=1, default=str))
+    write_report(data, out, report)
+    print(f"wrote {report} and {out}/")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

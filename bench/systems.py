@@ -1,0 +1,212 @@
+"""Start the things the benchmark measures: simulator replicas and the routers under test.
+
+Every system is a real process on 127.0.0.1: ``lorapool sim`` replicas, ``lorapool router``
+(each policy), nginx round-robin (Debian package; installed with apt-get when missing) and
+``vllm-router`` from PyPI (a Rust binary; each of its policies that makes sense here).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.loadgen import adapter_name
+from lorapool.testing.peft import write_peft_adapter
+from lorapool.testing.processes import RunningProcess, free_port, start_process
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    """K simulator replicas with the same vLLM LoRA flags."""
+
+    replicas: int
+    adapters: int
+    max_loras: int
+    max_cpu_loras: int
+    time_scale: float
+    max_num_seqs: int = 256
+    seed: int = 0
+
+
+def write_adapters(root: Path, count: int) -> list[tuple[str, Path]]:
+    """``count`` small real PEFT adapters (rank 8), reused across runs."""
+    out = []
+    for i in range(count):
+        name = adapter_name(i)
+        path = root / name
+        if not (path / "adapter_config.json").exists():
+            write_peft_adapter(path, rank=8, seed=i, num_layers=1, hidden_size=16)
+        out.append((name, path))
+    return out
+
+
+@contextmanager
+def sim_fleet(spec: FleetSpec, adapter_root: Path) -> Iterator[list[str]]:
+    """Start the replicas in parallel, each serving every adapter; yield their URLs."""
+    adapters = write_adapters(adapter_root, spec.adapters)
+    modules = [f"{name}={path}" for name, path in adapters]
+
+    def start(i: int) -> tuple[str, RunningProcess]:
+        port = free_port()
+        cmd = [
+            sys.executable, "-m", "lorapool.cli", "sim", "--port", str(port),
+            "--enable-lora", "--max-loras", str(spec.max_loras),
+            "--max-cpu-loras", str(spec.max_cpu_loras), "--max-lora-rank", "8",
+            "--max-num-seqs", str(spec.max_num_seqs), "--time-scale", str(spec.time_scale),
+            "--seed", str(spec.seed + i), "--log-level", "WARNING", "--lora-modules", *modules,
+        ]  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        return url, start_process(cmd, f"{url}/health", timeout=180)
+
+    with ExitStack() as stack, ThreadPoolExecutor(spec.replicas) as pool:
+        futures = [pool.submit(start, i) for i in range(spec.replicas)]
+        urls, errors = [], []
+        for future in futures:  # collect every process, so none leaks when one fails
+            try:
+                url, proc = future.result()
+            except Exception as exc:
+                errors.append(exc)
+                continue
+            stack.enter_context(proc)
+            urls.append(url)
+        if errors:
+            raise errors[0]
+        yield urls
+
+
+@dataclass(frozen=True)
+class System:
+    """A router under test: how to name it and start it in front of backends."""
+
+    name: str
+    kind: str  # direct | lorapool | nginx | vllm-router
+    policy: str = ""
+    args: tuple[str, ...] = ()  # extra command-line flags
+
+    @contextmanager
+    def start(
+        self, backends: Sequence[str], *, max_cpu_loras: int | None = None, time_scale: float = 1.0
+    ) -> Iterator[str]:
+        if self.kind == "direct":
+            if len(backends) != 1:
+                raise ValueError("direct works with one backend only")
+            yield backends[0]
+        elif self.kind == "lorapool":
+            # The router's clocks are wall clocks: stretch them with the simulator's time scale.
+            args = ["--max-wait", f"{1.0 * time_scale:g}", "--poll-interval", f"{time_scale:g}"]
+            args += ["--max-cpu-loras", str(max_cpu_loras)] if max_cpu_loras else []
+            with lorapool_router(backends, self.policy, [*args, *self.args]) as url:
+                yield url
+        elif self.kind == "nginx":
+            with nginx(backends) as url:
+                yield url
+        elif self.kind == "vllm-router":
+            with vllm_router(backends, self.policy) as url:
+                yield url
+        else:
+            raise ValueError(f"unknown system kind {self.kind!r}")
+
+
+@contextmanager
+def lorapool_router(backends: Sequence[str], policy: str, args: Sequence[str] = ()) -> Iterator[str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "lorapool.cli", "router", "--port", str(port), "--policy", policy]
+    cmd += ["--log-level", "WARNING", *args]
+    for b in backends:
+        cmd += ["--backend", b]
+    url = f"http://127.0.0.1:{port}"
+    with start_process(cmd, f"{url}/health", timeout=60):
+        yield url
+
+
+def nginx_binary() -> str:
+    """Locate nginx; install the Debian package when it is missing (the bench runs as root)."""
+    found = shutil.which("nginx") or next(
+        (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if Path(p).exists()), None
+    )
+    if found:
+        return found
+    subprocess.run(["apt-get", "update"], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["apt-get", "install", "-y", "nginx"], check=True, stdout=subprocess.DEVNULL)
+    return shutil.which("nginx") or "/usr/sbin/nginx"
+
+
+NGINX_CONF = """\
+worker_processes 1;
+pid {tmp}/nginx.pid;
+error_log {tmp}/error.log warn;
+daemon off;
+events {{ worker_connections 8192; }}
+http {{
+    access_log off;
+    client_body_temp_path {tmp}/body;
+    proxy_temp_path {tmp}/proxy;
+    fastcgi_temp_path {tmp}/fastcgi;
+    uwsgi_temp_path {tmp}/uwsgi;
+    scgi_temp_path {tmp}/scgi;
+    client_max_body_size 4m;
+    upstream pool {{
+{servers}
+        keepalive 256;
+    }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass http://pool;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_read_timeout 600s;
+        }}
+    }}
+}}
+"""
+
+
+@contextmanager
+def nginx(backends: Sequence[str]) -> Iterator[str]:
+    """nginx round-robin (its default) over the backends, SSE unbuffered, keep-alive upstream."""
+    binary = nginx_binary()
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="bench-nginx-") as tmp:
+        servers = "\n".join(f"        server {b.removeprefix('http://')};" for b in backends)
+        conf = Path(tmp) / "nginx.conf"
+        conf.write_text(NGINX_CONF.format(tmp=tmp, servers=servers, port=port))
+        url = f"http://127.0.0.1:{port}"
+        with start_process([binary, "-c", str(conf), "-p", tmp], f"{url}/health", timeout=30):
+            yield url
+
+
+def vllm_router_binary() -> str:
+    found = shutil.which("vllm-router")
+    if not found:
+        raise RuntimeError("vllm-router is missing: pip install -e '.[bench]' (or pip install vllm-router)")
+    return found
+
+
+@contextmanager
+def vllm_router(backends: Sequence[str], policy: str) -> Iterator[str]:
+    """vllm-router (PyPI) with one of its policies; it checks the workers' /health first."""
+    port = free_port()
+    cmd = [
+        vllm_router_binary(), "--host", "127.0.0.1", "--port", str(port), "--policy", policy,
+        "--worker-urls", *backends, "--prometheus-port", str(free_port()),
+        "--worker-startup-check-interval", "1", "--log-level", "warning",
+    ]  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-vllm-router-") as tmp,
+        start_process([*cmd, "--log-dir", tmp], f"{url}/health", timeout=60),
+    ):
+        yield url
+
+
+def running(proc: RunningProcess) -> bool:
+    return proc.popen.poll() is None
