@@ -181,7 +181,8 @@ def _data_plane(pool: dict[str, Any], state: Path) -> list[Any]:
     backend_args = [arg for url in backends for arg in ("--backend", url)]
     procs.append(start_process(
         [sys.executable, "-m", "lorapool.cli", "router", "--port", str(router_port), *backend_args, "--policy",
-         spec.get("router", {}).get("policy", "affinity")],
+         spec.get("router", {}).get("policy", "affinity"), "--max-loras", str(plan["maxLoras"]),
+         "--max-cpu-loras", str(plan["maxCpuLoras"])],
         f"http://127.0.0.1:{router_port}/health", timeout=30,
     ))
     _say(f"Router on http://127.0.0.1:{router_port}/v1 in front of {len(backends)} sim replica(s)")

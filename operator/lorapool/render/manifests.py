@@ -46,7 +46,7 @@ def render_pool(
         router_role(pool),
         router_rolebinding(pool),
         router_service(pool),
-        router_deployment(pool, opts),
+        router_deployment(pool, plan, opts),
     ]
     return [_owned(pool, obj) for obj in objects]
 
@@ -428,7 +428,7 @@ def router_service(pool: LoRAPool) -> Obj:
     }
 
 
-def router_deployment(pool: LoRAPool, opts: RenderOptions) -> Obj:
+def router_deployment(pool: LoRAPool, plan: Plan, opts: RenderOptions) -> Obj:
     p = pool.metadata.name
     ns = pool.metadata.namespace
     router = pool.spec.router
@@ -447,6 +447,11 @@ def router_deployment(pool: LoRAPool, opts: RenderOptions) -> Obj:
             f"{ns}/{names.engine_service(p)}",
             "--policy",
             router.policy.value,
+            # The engines' LoRA capacity, known before vLLM reports it after its first step.
+            "--max-loras",
+            str(plan.max_loras),
+            "--max-cpu-loras",
+            str(plan.max_cpu_loras),
         ],
         "ports": [{"name": "http", "containerPort": names.ROUTER_PORT, "protocol": "TCP"}],
         "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
