@@ -168,15 +168,15 @@ def test_operator_deployment_is_ha_least_privilege_and_uses_the_operator_flags()
 @pytest.mark.parametrize(
     ("values", "probed"),
     [
-        ({}, False),
+        ({}, True),
         ({"replicaCount": 1}, True),
         ({"leaderElection.enabled": False}, True),
         ({"replicaCount": 1, "livenessProbe.enabled": False}, False),
     ],
-    ids=["two-replicas-standby-unprobed", "one-replica", "no-leader-election", "disabled"],
+    ids=["two-replicas-standby-probed", "one-replica", "no-leader-election", "disabled"],
 )
-def test_liveness_probe_only_where_every_replica_serves_healthz(values: dict[str, Any], probed: bool) -> None:
-    """A standby waits for the Lease without serving /healthz; probing it would restart it forever."""
+def test_liveness_probe_on_every_replica_unless_disabled(values: dict[str, Any], probed: bool) -> None:
+    """Standbys serve /healthz while they wait for the Lease, so every replica can be probed."""
     container = _container(template(values))
     assert ("livenessProbe" in container) is probed
     if probed:

@@ -65,9 +65,9 @@ helm.sh/chart: {{ include "lorapool.chart" . }}
 {{- default (include "lorapool.image" .) .Values.workloadImage -}}
 {{- end -}}
 
-{{/* A liveness probe only where every replica serves /healthz: see values.yaml. */}}
+{{/* Every replica, standbys included, serves /healthz: see values.yaml. */}}
 {{- define "lorapool.probeLiveness" -}}
-{{- if and .Values.livenessProbe.enabled (or (le (int .Values.replicaCount) 1) (not .Values.leaderElection.enabled)) -}}
+{{- if .Values.livenessProbe.enabled -}}
 true
 {{- end -}}
 {{- end -}}
