@@ -23,7 +23,14 @@ from lorapool.api.load import describe
 from lorapool.api.models import LoRAAdapter, LoRAPool
 from lorapool.api.peft import parse_adapter_config, same_base_model
 from lorapool.controller.kube import Kube
-from lorapool.controller.status import AdapterResult, Observed, merge_conditions, pool_status, status_changed
+from lorapool.controller.status import (
+    AdapterResult,
+    Observed,
+    condition,
+    merge_conditions,
+    pool_status,
+    status_changed,
+)
 from lorapool.errors import LoRAPoolError, PlanError, SourceError
 from lorapool.plan.adapters import PoolAdapter, merge_adapters
 from lorapool.plan.gpus import GPUS
@@ -331,24 +338,11 @@ class PoolReconciler:
 
 
 def _invalid(problems: list[str], body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Conditions of a pool whose spec the models refuse: not Ready, Degraded and Stalled."""
     g = body["metadata"].get("generation")
     message = "; ".join(problems)
+    failing = {"Degraded", "Stalled"}
     return [
-        {"type": "Ready", "status": "False", "reason": "InvalidSpec", "message": message, "observedGeneration": g},
-        {
-            "type": "Progressing",
-            "status": "False",
-            "reason": "InvalidSpec",
-            "message": message,
-            "observedGeneration": g,
-        },
-        {"type": "Degraded", "status": "True", "reason": "InvalidSpec", "message": message, "observedGeneration": g},
-        {
-            "type": "Reconciling",
-            "status": "False",
-            "reason": "InvalidSpec",
-            "message": message,
-            "observedGeneration": g,
-        },
-        {"type": "Stalled", "status": "True", "reason": "InvalidSpec", "message": message, "observedGeneration": g},
+        condition(type_, type_ in failing, "InvalidSpec", message, g)
+        for type_ in ("Ready", "Progressing", "Degraded", "Reconciling", "Stalled")
     ]
