@@ -1,0 +1,49 @@
+"""wait_until: returns the first truthy value, retries listed errors, and explains a timeout."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from lorapool.testing.wait import WaitTimeout, wait_until
+
+
+def test_returns_the_first_truthy_value() -> None:
+    values = iter([0, None, "", 7, 8])
+    assert wait_until("a value", lambda: next(values), timeout_s=5, interval_s=0) == 7
+
+
+def test_listed_errors_mean_not_yet() -> None:
+    calls = itertools.count()
+
+    def check() -> str:
+        if next(calls) < 2:
+            raise ConnectionRefusedError("still starting")
+        return "up"
+
+    assert wait_until("the server", check, timeout_s=5, interval_s=0) == "up"
+
+
+def test_an_unlisted_error_propagates_at_once() -> None:
+    def check() -> bool:
+        raise KeyError("bug")
+
+    with pytest.raises(KeyError):
+        wait_until("a buggy check", check, timeout_s=5)
+
+
+def test_a_timeout_names_what_was_awaited_and_the_last_value_seen() -> None:
+    values = itertools.count()
+    with pytest.raises(WaitTimeout, match=r"waiting for running == 0; last seen: 0 ?.*state: page text"):
+        wait_until(
+            "running == 0", lambda: next(values) * 0, timeout_s=0.05, interval_s=0.01, describe=lambda: "page text"
+        )
+
+
+def test_a_timeout_reports_the_last_error() -> None:
+    def check() -> bool:
+        raise ConnectionResetError("reset by peer")
+
+    with pytest.raises(WaitTimeout, match="last seen: ConnectionResetError: reset by peer"):
+        wait_until("a connection", check, timeout_s=0.05, interval_s=0.01)
