@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
-# One local control plane per test session, shared by every package that needs it.
-pytest_plugins = ["lorapool.cluster.pytest_plugin"]
+# One local control plane per test session, shared by every package that needs it; and a test
+# owns what it starts (threads, processes, ports: lorapool.testing.leaks).
+pytest_plugins = ["lorapool.cluster.pytest_plugin", "lorapool.testing.leaks"]
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "lorapool.yaml"

@@ -18,8 +18,9 @@ from kubernetes.client.exceptions import ApiException
 
 from lorapool.cluster import LocalCluster
 from lorapool.cluster.manifests import A100_40GB, A100_80GB, DEFAULT_NODES
-from lorapool.cluster.pytest_plugin import CLUSTER_START_S, wait_for
+from lorapool.cluster.pytest_plugin import CLUSTER_START_S
 from lorapool.cluster.versions import HELM_VERSION, KUBERNETES_VERSION, binary
+from lorapool.testing.wait import wait_until
 
 pytestmark = pytest.mark.cluster
 # Each timeout adds CLUSTER_START_S: whichever test runs first also pays for starting the
@@ -101,7 +102,7 @@ def test_gpu_deployment_runs_only_on_80gb_nodes(api_client: Any, namespace: str)
         status = apps.read_namespaced_deployment_status("vllm-80gb", namespace).status
         return bool(status.ready_replicas == replicas)
 
-    wait_for("10 ready replicas", ready_replicas, timeout_s=60)
+    wait_until("10 ready replicas", ready_replicas, timeout_s=60)
     pods = core.list_namespaced_pod(namespace, label_selector="app=vllm-80gb").items
     assert len(pods) == replicas
     assert {p.spec.node_name for p in pods} == NODES_80GB
@@ -127,7 +128,7 @@ def test_unsatisfiable_gpu_pod_stays_pending(api_client: Any, namespace: str, pr
         scheduled = conditions.get("PodScheduled")
         return bool(scheduled and scheduled.reason == "Unschedulable")
 
-    wait_for("PodScheduled=False reason=Unschedulable", unschedulable, timeout_s=30)
+    wait_until("PodScheduled=False reason=Unschedulable", unschedulable, timeout_s=30)
     pod = core.read_namespaced_pod("wants-gpu", namespace)
     assert pod.status.phase == "Pending"
     assert pod.spec.node_name is None
@@ -205,7 +206,7 @@ def test_garbage_collector_deletes_dependents(api_client: Any, namespace: str) -
         names = {c.metadata.name for c in core.list_namespaced_config_map(namespace).items}
         return "dependent" not in names
 
-    wait_for("the dependent ConfigMap to be collected", dependent_gone, timeout_s=30)
+    wait_until("the dependent ConfigMap to be collected", dependent_gone, timeout_s=30)
 
 
 @pytest.mark.timeout(CLUSTER_START_S + 60)
@@ -245,7 +246,7 @@ def test_service_gets_endpoints_from_kwok_pod_ips(api_client: Any, namespace: st
         ).items
         return [address for s in slices for e in s.endpoints or [] if e.conditions.ready for address in e.addresses]
 
-    wait_for("2 ready endpoints", lambda: len(ready_endpoints()) == 2, timeout_s=45)
+    wait_until("2 ready endpoints", lambda: len(ready_endpoints()) == 2, timeout_s=45)
     assert all(a.startswith("10.244.") for a in ready_endpoints())
 
 
@@ -299,10 +300,10 @@ def test_deleting_a_deployment_removes_its_pods(api_client: Any, namespace: str)
     def pods() -> list[Any]:
         return list(core.list_namespaced_pod(namespace, label_selector="app=gone").items)
 
-    wait_for("2 running pods", lambda: sum(p.status.phase == "Running" for p in pods()) == 2)
+    wait_until("2 running pods", lambda: sum(p.status.phase == "Running" for p in pods()) == 2)
     apps.delete_namespaced_deployment("gone", namespace, propagation_policy="Foreground")
-    wait_for("the pods to be gone", lambda: not pods(), timeout_s=45)
-    wait_for("the ReplicaSet to be gone", lambda: not apps.list_namespaced_replica_set(namespace).items)
+    wait_until("the pods to be gone", lambda: not pods(), timeout_s=45)
+    wait_until("the ReplicaSet to be gone", lambda: not apps.list_namespaced_replica_set(namespace).items)
 
 
 @pytest.mark.timeout(CLUSTER_START_S + 60)
@@ -344,7 +345,7 @@ def test_crd_cel_validation_rules_are_enforced(api_client: Any, namespace: str) 
             crd = ext.read_custom_resource_definition(f"{plural}.{group}")
             return any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or [])
 
-        wait_for("the CRD to be established", established)
+        wait_until("the CRD to be established", established)
         custom: Any = client.CustomObjectsApi(api_client)
 
         def create(low: int, high: int) -> Any:

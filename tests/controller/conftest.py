@@ -3,7 +3,6 @@ least-privilege ServiceAccount (TokenRequest token), never as cluster admin."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -16,15 +15,10 @@ from typing import Any
 import pytest
 
 from lorapool.cluster import LocalCluster
-from lorapool.cluster.pytest_plugin import wait_for as wait_until
+from lorapool.testing.processes import free_port
+from lorapool.testing.wait import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

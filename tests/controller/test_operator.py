@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.controller.conftest import OperatorProcess, wait_until
+from tests.controller.conftest import OperatorProcess
 
 from lorapool.cluster import LocalCluster
 from lorapool.testing.peft import write_peft_adapter
+from lorapool.testing.wait import wait_until
 
 pytestmark = pytest.mark.cluster
 

@@ -4,38 +4,28 @@ from __future__ import annotations
 
 import http.client
 import json
-import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from tests.sim.conftest import Sim, StartSim
 
 from lorapool.sim.timing import TimingParams
+from lorapool.testing.scrape import Samples, latest_labels, metric_value
+from lorapool.testing.scrape import samples as parse_samples
+from lorapool.testing.wait import wait_until
 
 BASE = "meta-llama/Meta-Llama-3-8B-Instruct"
 
 
-def samples(sim: Sim) -> dict[str, list[tuple[dict[str, str], float]]]:
-    out: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(sim.metrics()):
-        for sample in family.samples:
-            out.setdefault(sample.name, []).append((sample.labels, sample.value))
-    return out
+def samples(sim: Sim) -> Samples:
+    return parse_samples(sim.metrics())
 
 
 def value(sim: Sim, name: str, **labels: str) -> float:
-    return sum(v for got, v in samples(sim).get(name, []) if all(got.get(k) == x for k, x in labels.items()))
-
-
-def wait_for(check: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.01)
+    return metric_value(sim.metrics(), name, **labels)
 
 
 @pytest.fixture(scope="module")
@@ -67,31 +57,36 @@ def test_metric_names_and_labels_are_vllms(sim: Sim) -> None:
 
 def test_lora_requests_info_and_counts_while_requests_run(sim: Sim) -> None:
     before = samples(sim)
-    done: list[object] = []
 
-    def generate(model: str, tokens: int) -> None:
-        done.append(
-            sim.client().completions.create(
-                model=model, prompt="abcd", max_tokens=tokens, extra_body={"ignore_eos": True}
-            )
+    def generate(model: str, tokens: int) -> object:
+        return sim.client().completions.create(
+            model=model, prompt="abcd", max_tokens=tokens, extra_body={"ignore_eos": True}
         )
 
-    long_a = threading.Thread(target=generate, args=("a", 80))
-    long_a.start()
-    wait_for(lambda: value(sim, "vllm:num_requests_running") == 1)
-    short_b = threading.Thread(target=generate, args=("b", 2))
-    short_b.start()
-    wait_for(lambda: value(sim, "vllm:num_requests_waiting") == 1)
+    def a_running_b_waiting() -> tuple[dict[str, str], float, float] | None:
+        page = sim.metrics()  # one page: labels, stamp and KV usage of the same instant
+        info = parse_samples(page).get("vllm:lora_requests_info", [])
+        if not info:
+            return None
+        labels, stamp = max(info, key=lambda s: s[1])
+        if (labels["running_lora_adapters"], labels["waiting_lora_adapters"]) != ("a", "b"):
+            return None
+        return labels, stamp, metric_value(page, "vllm:kv_cache_usage_perc")
 
-    info = samples(sim)["vllm:lora_requests_info"]
-    latest_labels, latest_stamp = max(info, key=lambda s: s[1])
-    assert latest_labels == {"max_lora": "1", "running_lora_adapters": "a", "waiting_lora_adapters": "b"}
-    assert abs(latest_stamp - time.time()) < 5  # the value is a Unix timestamp, as vLLM's
-    assert value(sim, "vllm:kv_cache_usage_perc") > 0
-
-    long_a.join(30)
-    short_b.join(30)
-    assert len(done) == 2
+    # The pool waits for every request, even when an assertion fails first: no thread of this
+    # test outlives it (a stray client thread would fail a later test when the sim stops).
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        long_a = pool.submit(generate, "a", 80)
+        wait_until("a running", lambda: value(sim, "vllm:num_requests_running") == 1, 10)
+        short_b = pool.submit(generate, "b", 2)
+        # lora_requests_info is stamped after each engine step, so it is polled, not sampled once
+        labels, stamp, kv_usage = wait_until(
+            "lora_requests_info: a running, b waiting", a_running_b_waiting, 10, describe=sim.metrics
+        )
+        assert labels == {"max_lora": "1", "running_lora_adapters": "a", "waiting_lora_adapters": "b"}
+        assert abs(stamp - time.time()) < 5  # the value is a Unix timestamp, as vLLM's
+        assert kv_usage > 0
+        assert long_a.result(30) and short_b.result(30)
     after = samples(sim)
 
     def delta(name: str, **labels: str) -> float:
@@ -111,9 +106,13 @@ def test_lora_requests_info_and_counts_while_requests_run(sim: Sim) -> None:
     # b waited behind a whole 80-token request: the admission rule, visible in its latency
     e2e_sum = delta("vllm:e2e_request_latency_seconds_sum")
     assert e2e_sum > 2 * 80 * TimingParams().decode_step_s(1) * 0.9
-    assert value(sim, "vllm:num_requests_running") == 0
-    final = max(samples(sim)["vllm:lora_requests_info"], key=lambda s: s[1])[0]
-    assert (final["running_lora_adapters"], final["waiting_lora_adapters"]) == ("", "")
+    wait_until("no request running", lambda: value(sim, "vllm:num_requests_running") == 0, 10)
+
+    def idle_info() -> bool:
+        final = latest_labels(sim.metrics(), "vllm:lora_requests_info") or {}
+        return (final.get("running_lora_adapters"), final.get("waiting_lora_adapters")) == ("", "")
+
+    wait_until("lora_requests_info with nothing running or waiting", idle_info, 10, describe=sim.metrics)
 
 
 def test_a_cold_load_takes_simulated_disk_time(sim: Sim, adapters: Callable[..., Path]) -> None:
@@ -136,5 +135,12 @@ def test_client_disconnect_aborts_the_request(sim: Sim) -> None:
     assert response.status == 200
     assert response.readline().startswith(b"data: ")
     conn.close()
-    wait_for(lambda: value(sim, "vllm:request_success_total", finished_reason="abort") == aborted + 1)
-    assert value(sim, "vllm:num_requests_running") == 0
+
+    def aborted_and_idle() -> bool:
+        page = sim.metrics()
+        return (
+            metric_value(page, "vllm:request_success_total", finished_reason="abort") == aborted + 1
+            and metric_value(page, "vllm:num_requests_running") == 0
+        )
+
+    wait_until("the request aborted and nothing running", aborted_and_idle, 10, describe=sim.metrics)

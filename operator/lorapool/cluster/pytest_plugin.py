@@ -9,17 +9,13 @@ into another conftest: that defines a second fixture, hence a second cluster.
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable, Iterator
-from typing import TypeVar
+from collections.abc import Iterator
 
 import pytest
 
 from lorapool.cluster import build
 from lorapool.cluster.runtime import COMPONENTS, LocalCluster
 from lorapool.cluster.versions import cache_root
-
-T = TypeVar("T")
 
 # Budget for starting the session cluster (it takes ~12 s on an idle 2-core machine). The first
 # test using `local_cluster` pays it inside its own pytest-timeout, so add it to that timeout.
@@ -43,15 +39,3 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
     with LocalCluster(state_dir, timeout_s=CLUSTER_START_S) as cluster:
         yield cluster
 
-
-def wait_for(what: str, check: Callable[[], T], timeout_s: float = 30.0) -> T:
-    """Poll `check` until it returns something truthy and return it; fail the test with `what`
-    after `timeout_s`. Controllers and kwok act asynchronously, so tests poll, bounded."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(0.25)

@@ -31,16 +31,19 @@ class WaitTimeout(AssertionError):
 def wait_until(
     what: str,
     check: Callable[[], T],
-    *,
     timeout_s: float = 30.0,
+    *,
     interval_s: float = 0.05,
+    max_interval_s: float = 0.5,
     retry_on: tuple[type[BaseException], ...] = (OSError,),
     describe: Callable[[], object] | None = None,
 ) -> T:
     """Call ``check`` until it returns something truthy and return that; raise WaitTimeout after ``timeout_s``.
 
-    ``describe``, when given, is called once on timeout to add the state worth seeing (for
-    example the whole metrics page) to the message.
+    The pause between checks starts at ``interval_s`` and grows by half each time up to
+    ``max_interval_s``: quick conditions are seen at once, and a minute-long wait on a control
+    plane does not spend the CPU it is waiting for. ``describe``, when given, is called once on
+    timeout to add the state worth seeing (for example the whole metrics page) to the message.
     """
     deadline = time.monotonic() + timeout_s
     last: object = "(never checked)"
@@ -57,6 +60,7 @@ def wait_until(
             detail = f"; state: {_clip(describe())}" if describe is not None else ""
             raise WaitTimeout(f"timed out after {timeout_s:g} s waiting for {what}; last seen: {_clip(last)}{detail}")
         time.sleep(min(interval_s, max(0.0, deadline - time.monotonic())))
+        interval_s = min(interval_s * 1.5, max(interval_s, max_interval_s))
 
 
 def _clip(value: object) -> str:
