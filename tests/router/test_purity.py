@@ -11,7 +11,7 @@ import lorapool.router
 
 ROUTER = Path(lorapool.router.__file__).parent
 PURE = sorted(
-    [ROUTER / f"{name}.py" for name in ("backend", "policy", "pickers", "policies", "state",
+    [ROUTER / f"{name}.py" for name in ("backend", "policy", "plugin", "pickers", "registry", "state",
                                          "waitqueue", "engine_metrics", "discovery")]
     + list((ROUTER / "filters").glob("*.py"))
     + list((ROUTER / "scorers").glob("*.py"))

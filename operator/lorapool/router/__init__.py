@@ -1,9 +1,11 @@
 """The grouping router: an adapter-aware OpenAI proxy in front of a pool's vLLM replicas.
 
-Pure core (no I/O, no asyncio, no aiohttp): ``backend`` (what a policy reads), ``policy``
-(filters -> weighted scorers -> picker), ``filters/``, ``scorers/``, ``pickers``, ``policies``
-(the named policies), ``state`` (per-backend accounting), ``waitqueue`` (per-adapter grouping
-queues), ``engine_metrics`` (vLLM /metrics parsing) and ``discovery`` (EndpointSlices -> URLs).
+Pure core (no I/O, no asyncio, no aiohttp; an import-linter contract keeps it so): ``backend``
+(what a policy reads), ``policy`` (filters -> weighted scorers -> picker), ``plugin`` (a plugin's
+name, factory and weight), ``filters/``, ``scorers/`` and ``pickers`` (the plugins, one module
+each), ``registry`` (every plugin by name and the named ``--policy`` values), ``state``
+(per-backend accounting), ``waitqueue`` (per-adapter grouping queues), ``engine_metrics`` (vLLM
+/metrics parsing) and ``discovery`` (EndpointSlices -> URLs).
 
 Shell: ``app`` (aiohttp proxy), ``scheduler`` (binds requests late), ``poller``,
 ``endpointslices`` (Kubernetes watch), ``telemetry`` (Prometheus) and ``cli``.

@@ -9,22 +9,30 @@ import argparse
 import logging
 import sys
 
+from lorapool.router import registry
 from lorapool.router.settings import MIB, RouterSettings
-
-POLICIES = ("affinity", "round-robin", "least-loaded")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Add the router's flags to its subcommand parser."""
-    d = RouterSettings()
+    """Add the router's flags to its subcommand parser, one group of flags per step."""
+    defaults = RouterSettings()
+    _add_listen_flags(parser, defaults)
+    _add_backend_flags(parser)
+    _add_policy_flags(parser, defaults)
+    _add_limit_flags(parser, defaults)
+    _add_timing_flags(parser, defaults)
+    _add_debug_flags(parser)
+
+
+def _add_listen_flags(parser: argparse.ArgumentParser, d: RouterSettings) -> None:
     parser.add_argument("--host", default=d.host, help="address to listen on (default %(default)s)")
     parser.add_argument("--port", type=int, default=d.port, help="port (default %(default)s)")
+
+
+def _add_backend_flags(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument(
-        "--backend",
-        action="append",
-        metavar="URL",
-        help="a vLLM (or lorapool sim) base URL; repeat for each replica",
+        "--backend", action="append", metavar="URL", help="a vLLM (or lorapool sim) base URL; repeat for each replica"
     )
     where.add_argument(
         "--endpointslices",
@@ -32,7 +40,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="watch the Service's EndpointSlices for ready backends (in cluster or KUBECONFIG)",
     )
     parser.add_argument("--port-name", help="EndpointSlice port name (default: only port / http)")
-    parser.add_argument("--policy", choices=POLICIES, default=d.policy, help="default %(default)s")
+
+
+def policy_help() -> str:
+    """``--policy``'s help: every registered policy with its summary and plugin chain."""
+    lines = [f"{p.name}: {p.summary} [{p.strict.describe()}]" for p in registry.POLICIES.values()]
+    return "; ".join(lines) + " (default %(default)s)"
+
+
+def _add_policy_flags(parser: argparse.ArgumentParser, d: RouterSettings) -> None:
+    parser.add_argument("--policy", choices=registry.names(), default=d.policy, help=policy_help())
     parser.add_argument(
         "--load-factor",
         type=float,
@@ -58,6 +75,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="the replicas' --max-cpu-loras, to prefer CPU-cached adapters (default unknown)",
     )
+
+
+def _add_limit_flags(parser: argparse.ArgumentParser, d: RouterSettings) -> None:
     parser.add_argument(
         "--max-wait",
         type=float,
@@ -77,6 +97,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=d.max_body_bytes,
         help=f"largest request body, else 413 (default {d.max_body_bytes // MIB} MiB)",
     )
+
+
+def _add_timing_flags(parser: argparse.ArgumentParser, d: RouterSettings) -> None:
     parser.add_argument(
         "--poll-interval",
         type=float,
@@ -98,11 +121,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="longest silence from a backend mid-response (default %(default)s)",
     )
-    parser.add_argument(
-        "--backend-header",
-        action="store_true",
-        help="add X-Lorapool-Backend to responses (debugging)",
-    )
+
+
+def _add_debug_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend-header", action="store_true", help="add X-Lorapool-Backend to responses (debugging)")
     parser.add_argument("--log-level", default="INFO", help="default %(default)s")
 
 

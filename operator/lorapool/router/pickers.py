@@ -2,12 +2,15 @@
 
 ``HighestScore`` takes the best total and rotates among exact ties, so an idle pool is
 shared evenly instead of always hitting the first backend. ``RoundRobin`` ignores scores:
-it is the baseline that adapter-aware routing is measured against.
+it is the baseline that adapter-aware routing is measured against. Each policy gets a fresh
+instance from its plugin's factory, so policies do not share turns.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+
+from lorapool.router.plugin import PickerPlugin
 
 TIE_EPSILON = 1e-9
 
@@ -42,3 +45,7 @@ class RoundRobin:
         ids = sorted(scores)
         self._turn += 1
         return ids[self._turn % len(ids)]
+
+
+HIGHEST_SCORE = PickerPlugin("highest-score", lambda _params: HighestScore())
+ROUND_ROBIN = PickerPlugin("round-robin", lambda _params: RoundRobin())

@@ -20,7 +20,7 @@ Picker = Callable[[Mapping[str, float]], str | None]
 
 @dataclass(frozen=True)
 class Policy:
-    """A named composition of plugins; see ``policies`` for the ones the router ships."""
+    """A named composition of plugins; ``registry`` builds the ones the router ships."""
 
     name: str
     filters: tuple[Filter, ...]
@@ -50,3 +50,13 @@ class Policy:
         if not survivors:
             return None
         return self.picker(self.scores(req, survivors))
+
+
+@dataclass(frozen=True)
+class Scheduling:
+    """A strict policy plus the fallback used when a request may not (or no longer) wait."""
+
+    strict: Policy
+    fallback: Policy
+    # True when the strict policy may return None for a live pool (the request then waits).
+    holds: bool

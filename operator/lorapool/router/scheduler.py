@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from lorapool.router.backend import Backend, DecisionKind, Request, classify
 from lorapool.router.filters import healthy, serves_model
-from lorapool.router.policies import Scheduling
+from lorapool.router.policy import Scheduling
 from lorapool.router.settings import RouterSettings
 from lorapool.router.state import BackendState
 from lorapool.router.telemetry import Telemetry

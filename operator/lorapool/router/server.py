@@ -14,7 +14,7 @@ import signal
 import aiohttp
 from aiohttp import web
 
-from lorapool.router import policies
+from lorapool.router import registry
 from lorapool.router.app import build_app
 from lorapool.router.endpointslices import EndpointSliceWatch, parse_target
 from lorapool.router.poller import Poller
@@ -32,7 +32,7 @@ SHUTDOWN_GRACE_S = 10.0
 
 async def serve(settings: RouterSettings) -> None:
     """Run until a stop signal arrives."""
-    scheduling = policies.build(settings.policy, load_factor=settings.load_factor, load_slack=settings.load_slack)
+    scheduling = registry.build(settings.policy, settings.policy_params())
     if not settings.backends and not settings.endpointslices:
         raise ValueError("give --backend URL (repeatable) or --endpointslices NAMESPACE/SERVICE")
     telemetry = Telemetry(max_model_labels=settings.max_model_labels)

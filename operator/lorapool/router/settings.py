@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lorapool.api.common import RouterPolicy
+from lorapool.router.plugin import DEFAULT_LOAD_FACTOR, DEFAULT_LOAD_SLACK, PolicyParams
+
 MIB = 1024 * 1024
 
 
@@ -19,13 +22,14 @@ class RouterSettings:
     endpointslices: str | None = None
     # EndpointSlice port name to use; None picks the only port, else "http", else the first.
     port_name: str | None = None
-    policy: str = "affinity"
+    # A name in registry.POLICIES (--policy).
+    policy: str = RouterPolicy.AFFINITY.value
     # Bounded-load cap as a multiple of the mean load (1.25 as in KubeAI / CH-BL).
-    load_factor: float = 1.25
+    load_factor: float = DEFAULT_LOAD_FACTOR
     # Bounded-load slack: a backend may also run this many requests above the mean before a
     # hot adapter spreads (filters/bounded_load.py says why). Small: prefill cost grows with
     # every request a replica takes, so large gaps hurt TTFT (bench/ regime d).
-    load_slack: float = 2.0
+    load_slack: float = DEFAULT_LOAD_SLACK
     # GPU slots assumed until a backend reports vllm:lora_requests_info{max_lora} (vLLM's default).
     max_loras: int = 1
     # vLLM --max-cpu-loras of the replicas, if known: lets the policy prefer CPU-cached adapters.
@@ -53,3 +57,7 @@ class RouterSettings:
     max_model_labels: int = 100
     # Add an X-Lorapool-Backend response header naming the backend (debugging, tests).
     backend_header: bool = False
+
+    def policy_params(self) -> PolicyParams:
+        """The knobs the policy's plugin factories read."""
+        return PolicyParams(load_factor=self.load_factor, load_slack=self.load_slack)

@@ -7,10 +7,10 @@ backend, so a hot adapter spreads over as many replicas as its traffic needs (Mi
 2018; KubeAI's PrefixHash uses the same 125 % cap). ``slack`` keeps small absolute gaps from
 counting: a decode step costs about the same for 1 or 8 sequences (Punica: 11 ms vs 13 ms at
 32), while spreading an adapter costs a LoRA slot that another adapter may be waiting for.
-Reads ``load``.
 
-This filter never empties the set: when every candidate is at the cap, the cap is not what
-decides and all are kept.
+Keeps: backends whose load plus this request stays within the cap; all of them when every
+candidate is at the cap (then the cap is not what decides), so it never empties the set.
+Reads: ``load``. Parameters: ``--load-factor`` (default 1.25), ``--load-slack`` (default 2).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import math
 from collections.abc import Sequence
 
 from lorapool.router.backend import Backend, Request
+from lorapool.router.plugin import FilterPlugin, PolicyParams
 from lorapool.router.policy import Filter
 
 DEFAULT_FACTOR = 1.25
@@ -42,3 +43,11 @@ def bounded_load(factor: float = DEFAULT_FACTOR, slack: float = DEFAULT_SLACK) -
 
     keep_within_cap.__name__ = f"bounded_load({factor:g}, {slack:g})"
     return keep_within_cap
+
+
+def factory(params: PolicyParams) -> Filter:
+    """The filter with the router's --load-factor and --load-slack."""
+    return bounded_load(params.load_factor, params.load_slack)
+
+
+PLUGIN = FilterPlugin("bounded-load", factory, reads=("load",))

@@ -2,10 +2,11 @@
 
 vLLM admits a request only when its adapter is already in the running batch or fewer than
 ``max_loras`` adapters run; anything else waits inside the engine, out of order, and a slot
-change stalls the whole batch. So a backend is kept when the adapter is already in flight
-there or it has fewer than ``max_loras`` distinct adapters in flight. Reads ``active`` and
-``max_loras``. An empty result is not an error: the shell holds the request in the adapter's
-wait queue and binds it when a slot frees (or best-effort after a bounded wait).
+change stalls the whole batch. Keeps: backends where the adapter is already in flight or fewer
+than ``max_loras`` distinct adapters are in flight; every backend for a base-model request.
+Reads: ``active``, ``max_loras``, ``model``, ``is_adapter``. An empty result is not an error:
+the shell holds the request in the adapter's wait queue and binds it when a slot frees (or
+best-effort after a bounded wait).
 """
 
 from __future__ import annotations
@@ -13,8 +14,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from lorapool.router.backend import Backend, Request
+from lorapool.router.plugin import FilterPlugin
 
 
 def lora_slots(req: Request, backends: Sequence[Backend]) -> Sequence[Backend]:
     """Backends where the request fits in the LoRA slots; base-model requests always fit."""
     return [b for b in backends if b.fits(req)]
+
+
+PLUGIN = FilterPlugin("lora-slots", lambda _params: lora_slots, reads=("active", "max_loras", "model", "is_adapter"))

@@ -1,7 +1,8 @@
 """Keep backends that serve the requested model (adapter or base), as /v1/models says.
 
-Reads ``Backend.models``; a backend not polled yet (None) is kept, so a fresh router does
-not answer 404 before its first poll. An empty result means no replica knows the model.
+Keeps: backends whose model list has ``req.model``, and backends not polled yet (``models`` is
+None), so a fresh router does not answer 404 before its first poll. Reads: ``models``,
+``model``. An empty result means no replica knows the model.
 """
 
 from __future__ import annotations
@@ -9,8 +10,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from lorapool.router.backend import Backend, Request
+from lorapool.router.plugin import FilterPlugin
 
 
 def serves_model(req: Request, backends: Sequence[Backend]) -> Sequence[Backend]:
     """Backends whose model list includes ``req.model`` (or is not known yet)."""
     return [b for b in backends if b.models is None or req.model in b.models]
+
+
+PLUGIN = FilterPlugin("serves-model", lambda _params: serves_model, reads=("models", "model"))

@@ -1,7 +1,8 @@
 """Prefer the backend with the fewest requests in flight.
 
-Score = 1 - load / max(load over candidates), so the idlest candidate scores 1 and the
-busiest 0 (all 1 when every candidate is idle). Reads ``load``.
+Score: ``1 - load / max(load over candidates)``, in [0, 1]: the idlest candidate scores 1 and
+the busiest 0 (all 1 when every candidate is idle). Reads: ``load``. Weight 1: the first
+tie-breaker within an affinity level, and the whole of the least-loaded policy.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from lorapool.router.backend import Backend, Request
+from lorapool.router.plugin import ScorerPlugin
 
 
 def least_load(req: Request, backends: Sequence[Backend]) -> Mapping[str, float]:
@@ -17,3 +19,6 @@ def least_load(req: Request, backends: Sequence[Backend]) -> Mapping[str, float]
     if peak <= 0:
         return {b.id: 1.0 for b in backends}
     return {b.id: 1.0 - b.load / peak for b in backends}
+
+
+PLUGIN = ScorerPlugin("least-load", lambda _params: least_load, weight=1.0, reads=("load",))

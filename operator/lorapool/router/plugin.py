@@ -1,0 +1,68 @@
+"""What a router plugin is: a name, a factory and, for a scorer, its weight. Pure.
+
+As in the Gateway API Inference Extension's endpoint picker, every filter, scorer and picker
+is a small module that declares one ``PLUGIN`` (pickers: one per class in ``pickers``);
+``registry`` collects them by name and composes the named policies of ``--policy`` from them.
+A plugin also lists the ``Backend``/``Request`` fields it reads, so a test can check that
+nothing else changes its answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from lorapool.router.policy import Filter, Picker, Scorer
+
+DEFAULT_LOAD_FACTOR = 1.25
+DEFAULT_LOAD_SLACK = 2.0
+
+
+@dataclass(frozen=True)
+class PolicyParams:
+    """The knobs a plugin factory may read (``RouterSettings`` fills them from flags)."""
+
+    # Bounded-load cap as a multiple of the mean load (--load-factor).
+    load_factor: float = DEFAULT_LOAD_FACTOR
+    # Requests a backend may run above the mean before a hot adapter spreads (--load-slack).
+    load_slack: float = DEFAULT_LOAD_SLACK
+
+
+@dataclass(frozen=True)
+class FilterPlugin:
+    """A filter: keeps the backends that may take a request."""
+
+    name: str
+    factory: Callable[[PolicyParams], Filter]
+    # Backend/Request fields the filter reads (every other field leaves its answer unchanged).
+    reads: tuple[str, ...]
+
+    def build(self, params: PolicyParams) -> Filter:
+        return self.factory(params)
+
+
+@dataclass(frozen=True)
+class ScorerPlugin:
+    """A scorer: rates candidates in [0, 1]; ``weight`` is what its score counts in a policy."""
+
+    name: str
+    factory: Callable[[PolicyParams], Scorer]
+    weight: float
+    reads: tuple[str, ...]
+
+    def build(self, params: PolicyParams) -> tuple[Scorer, float]:
+        return self.factory(params), self.weight
+
+
+@dataclass(frozen=True)
+class PickerPlugin:
+    """A picker: turns the weighted scores into one backend id (a fresh instance per policy)."""
+
+    name: str
+    factory: Callable[[PolicyParams], Picker]
+
+    def build(self, params: PolicyParams) -> Picker:
+        return self.factory(params)
+
+
+Plugin = FilterPlugin | ScorerPlugin | PickerPlugin

@@ -1,0 +1,145 @@
+"""The one registry of router plugins and of the named policies ``--policy`` offers. Pure.
+
+Plugins (each declared by its own module, see ``plugin``):
+  filters   healthy, serves-model, bounded-load, lora-slots
+  scorers   lora-affinity, least-load, kv-cache, rendezvous, slot-pressure (weight beside each)
+  pickers   highest-score, round-robin
+
+Named policies (the names are ``api.common.RouterPolicy``: the CRD's ``spec.router.policy`` enum
+and ``--policy`` accept exactly the keys of ``POLICIES``):
+  affinity      group requests by adapter on replicas where it is active, bounded load, never
+                more distinct adapters in flight than a replica's LoRA slots (requests that fit
+                nowhere wait in the router and bind late)
+  least-loaded  fewest requests in flight, adapter-blind (baseline)
+  round-robin   in turn, adapter-blind (baseline)
+
+Each builds a ``Scheduling``: the strict policy, and the best-effort policy used once a held
+request has waited ``max_wait`` (or the strict one again when the policy never holds).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from lorapool.api.common import RouterPolicy
+from lorapool.router.filters.bounded_load import PLUGIN as BOUNDED_LOAD
+from lorapool.router.filters.healthy import PLUGIN as HEALTHY
+from lorapool.router.filters.lora_slots import PLUGIN as LORA_SLOTS
+from lorapool.router.filters.serves_model import PLUGIN as SERVES_MODEL
+from lorapool.router.pickers import HIGHEST_SCORE, ROUND_ROBIN
+from lorapool.router.plugin import FilterPlugin, PickerPlugin, Plugin, PolicyParams, ScorerPlugin
+from lorapool.router.policy import Policy, Scheduling
+from lorapool.router.scorers.kv_cache import PLUGIN as KV_CACHE
+from lorapool.router.scorers.least_load import PLUGIN as LEAST_LOAD
+from lorapool.router.scorers.lora_affinity import PLUGIN as LORA_AFFINITY
+from lorapool.router.scorers.rendezvous import PLUGIN as RENDEZVOUS
+from lorapool.router.scorers.slot_pressure import PLUGIN as SLOT_PRESSURE
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One chain of plugins: filters -> weighted scorers -> picker."""
+
+    name: str
+    filters: tuple[FilterPlugin, ...]
+    scorers: tuple[ScorerPlugin, ...]
+    picker: PickerPlugin
+
+    def build(self, params: PolicyParams) -> Policy:
+        return Policy(
+            self.name,
+            tuple(f.build(params) for f in self.filters),
+            tuple(s.build(params) for s in self.scorers),
+            self.picker.build(params),
+        )
+
+    def describe(self) -> str:
+        """One line, e.g. ``healthy > serves-model | least-load x1 | highest-score``."""
+        scorers = " + ".join(f"{s.name} x{s.weight:g}" for s in self.scorers) or "no scorer"
+        return f"{' > '.join(f.name for f in self.filters)} | {scorers} | {self.picker.name}"
+
+
+@dataclass(frozen=True)
+class NamedPolicy:
+    """A ``--policy`` value: its strict profile and, when it may hold requests, its fallback."""
+
+    name: RouterPolicy
+    summary: str
+    strict: Profile
+    # The best-effort profile for requests that waited their limit; None: the policy never holds.
+    fallback: Profile | None = None
+
+    def build(self, params: PolicyParams) -> Scheduling:
+        strict = self.strict.build(params)
+        if self.fallback is None:
+            return Scheduling(strict, strict, holds=False)
+        return Scheduling(strict, self.fallback.build(params), holds=True)
+
+
+def _by_name(plugins: Iterable[Plugin]) -> dict[str, Plugin]:
+    index: dict[str, Plugin] = {}
+    for plugin in plugins:
+        if plugin.name in index:
+            raise ValueError(f"two router plugins are named {plugin.name!r}; plugin names are unique")
+        index[plugin.name] = plugin
+    return index
+
+
+FILTERS: tuple[FilterPlugin, ...] = (HEALTHY, SERVES_MODEL, BOUNDED_LOAD, LORA_SLOTS)
+SCORERS: tuple[ScorerPlugin, ...] = (LORA_AFFINITY, LEAST_LOAD, KV_CACHE, RENDEZVOUS, SLOT_PRESSURE)
+PICKERS: tuple[PickerPlugin, ...] = (HIGHEST_SCORE, ROUND_ROBIN)
+PLUGINS: Mapping[str, Plugin] = _by_name((*FILTERS, *SCORERS, *PICKERS))
+
+_AFFINITY_SCORERS = (LORA_AFFINITY, LEAST_LOAD, RENDEZVOUS, KV_CACHE)
+
+POLICIES: Mapping[RouterPolicy, NamedPolicy] = {
+    p.name: p
+    for p in (
+        NamedPolicy(
+            RouterPolicy.AFFINITY,
+            "adapter affinity with bounded load and LoRA-slot grouping (holds requests that fit nowhere)",
+            # The cap comes before the slot filter so that it is measured against the whole
+            # pool: a hot adapter's replica over the cap is not a candidate even when every
+            # other replica's slots are taken, so its requests wait and bind where a slot frees
+            # (they spread) instead of piling up behind one replica's batch.
+            Profile("affinity", (HEALTHY, SERVES_MODEL, BOUNDED_LOAD, LORA_SLOTS), _AFFINITY_SCORERS, HIGHEST_SCORE),
+            # Best effort: same preferences, but among replicas that are all full, the least
+            # over-committed one wins before load decides.
+            Profile(
+                "affinity-best-effort",
+                (HEALTHY, SERVES_MODEL, BOUNDED_LOAD),
+                (*_AFFINITY_SCORERS, SLOT_PRESSURE),
+                HIGHEST_SCORE,
+            ),
+        ),
+        NamedPolicy(
+            RouterPolicy.LEAST_LOADED,
+            "fewest requests in flight, adapter-blind (baseline)",
+            Profile("least-loaded", (HEALTHY, SERVES_MODEL), (LEAST_LOAD,), HIGHEST_SCORE),
+        ),
+        NamedPolicy(
+            RouterPolicy.ROUND_ROBIN,
+            "each backend that serves the model in turn, adapter-blind (baseline)",
+            Profile("round-robin", (HEALTHY, SERVES_MODEL), (), ROUND_ROBIN),
+        ),
+    )
+}
+
+
+def names() -> tuple[str, ...]:
+    """The ``--policy`` values, in the registry's order."""
+    return tuple(str(name) for name in POLICIES)
+
+
+def lookup(name: str) -> NamedPolicy:
+    """The named policy; raises ValueError naming the choices."""
+    try:
+        return POLICIES[RouterPolicy(name)]
+    except (ValueError, KeyError):
+        raise ValueError(f"--policy={name!r} is not one of {', '.join(names())}") from None
+
+
+def build(name: str, params: PolicyParams | None = None) -> Scheduling:
+    """The scheduling for a ``--policy`` value; raises ValueError naming the choices."""
+    return lookup(name).build(params or PolicyParams())

@@ -1,0 +1,250 @@
+"""Every router plugin: one table of cases per plugin, and checks on the registry itself."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+import lorapool.router.filters
+import lorapool.router.scorers
+from lorapool.router import registry
+from lorapool.router.backend import Backend, Request
+from lorapool.router.filters.bounded_load import bounded_load
+from lorapool.router.pickers import HighestScore, RoundRobin
+from lorapool.router.plugin import FilterPlugin, PickerPlugin, PolicyParams, ScorerPlugin
+from lorapool.router.scorers import lora_affinity
+from lorapool.router.scorers.rendezvous import rendezvous_weight
+
+A = Request("a")
+BASE = Request("base", is_adapter=False)
+PARAMS = PolicyParams()
+
+
+def b(bid: str, **kw: Any) -> Backend:
+    kw.setdefault("max_loras", 2)
+    return Backend(id=bid, **kw)
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    req: Request
+    backends: list[Backend]
+    # Filters: the ids kept, in order. Scorers: the score per id.
+    want: list[str] | dict[str, Any]
+    params: PolicyParams = PARAMS
+
+
+FILTER_CASES: dict[str, list[Case]] = {
+    "healthy": [
+        Case("drops down", A, [b("1", up=False), b("2")], ["2"]),
+        Case("all down leaves none", A, [b("1", up=False)], []),
+    ],
+    "serves-model": [
+        Case("keeps unpolled, drops unlisted", A, [b("1"), b("2", models={"x"})], ["1"]),
+        Case("keeps listed", A, [b("1", models={"a"})], ["1"]),
+        Case("base model by name", BASE, [b("1", models={"base"}), b("2", models={"a"})], ["1"]),
+    ],
+    "lora-slots": [
+        Case(
+            "keeps the active adapter on a full backend",
+            A,
+            [b("1", active={"a": 3, "x": 1}), b("2", active={"x": 1, "y": 1})],
+            ["1"],
+        ),
+        Case("keeps a free slot", A, [b("1", active={"x": 1})], ["1"]),
+        Case("drops full backends", A, [b("1", active={"x": 1, "y": 2})], []),
+        Case("never blocks the base model", BASE, [b("1", active={"x": 1, "y": 2})], ["1"]),
+    ],
+    "bounded-load": [
+        Case(
+            "drops a backend over 1.25x the mean",
+            A,
+            [b("1", load=6), b("2", load=2)],
+            ["2"],
+            PolicyParams(1.25, 0.0),
+        ),
+        Case("keeps both near the mean", A, [b("1", load=3), b("2", load=2)], ["1", "2"], PolicyParams(1.25, 0.0)),
+        Case(
+            "lets low loads pile up to the ceiling",
+            A,
+            [b("1", load=1), b("2", load=0)],
+            ["1", "2"],
+            PolicyParams(1.25, 0.0),
+        ),
+        Case("slack keeps a small gap", A, [b("1", load=5), b("2", load=1)], ["1", "2"], PolicyParams(1.25, 2.0)),
+        Case("slack does not keep a large gap", A, [b("1", load=8), b("2", load=1)], ["2"], PolicyParams(1.25, 2.0)),
+        Case("one backend is kept whatever its load", A, [b("1", load=50)], ["1"]),
+        Case("equal loads are all kept", A, [b("1", load=9), b("2", load=9)], ["1", "2"], PolicyParams(1.0, 0.0)),
+    ],
+}
+
+SCORER_CASES: dict[str, list[Case]] = {
+    "lora-affinity": [
+        Case(
+            "levels: active, warm, cached, cold, full",
+            A,
+            [
+                b("active", active={"a": 1, "x": 1}),
+                b("warm", active={"x": 1}, warm={"a", "x"}),
+                b("cached", cached={"a"}),
+                b("cold"),
+                b("full", active={"x": 1, "y": 1}, warm={"a"}),
+            ],
+            {"active": 1.0, "warm": 0.8, "cached": 0.6, "cold": 0.4, "full": 0.0},
+        ),
+        Case("neutral for the base model", BASE, [b("1", active={"x": 1, "y": 1}), b("2")], {"1": 1.0, "2": 1.0}),
+    ],
+    "least-load": [
+        Case(
+            "relative to the busiest",
+            A,
+            [b("1", load=4), b("2", load=1), b("3", load=0)],
+            {"1": 0.0, "2": 0.75, "3": 1.0},
+        ),
+        Case("all idle score 1", A, [b("1"), b("2")], {"1": 1.0, "2": 1.0}),
+    ],
+    "kv-cache": [
+        Case(
+            "free fraction",
+            A,
+            [b("1", kv_usage=0.9), b("2", kv_usage=0.25)],
+            {"1": pytest.approx(0.1), "2": 0.75},
+        ),
+        Case("empty cache scores 1", A, [b("1", kv_usage=0.0)], {"1": 1.0}),
+    ],
+    "rendezvous": [
+        Case(
+            "the pair's hash", A, [b("x"), b("y")], {"x": rendezvous_weight("a", "x"), "y": rendezvous_weight("a", "y")}
+        ),
+        Case("another model, another hash", BASE, [b("x")], {"x": rendezvous_weight("base", "x")}),
+    ],
+    "slot-pressure": [
+        Case("fits: 1", A, [b("1", active={"x": 1}), b("2", active={"a": 1, "x": 1})], {"1": 1.0, "2": 1.0}),
+        Case("one over: 1/2", A, [b("1", active={"x": 1, "y": 1})], {"1": 0.5}),
+        Case("two over: 1/3", A, [b("1", active={"x": 1, "y": 1, "z": 1})], {"1": pytest.approx(1 / 3)}),
+        Case("base model never over", BASE, [b("1", active={"x": 1, "y": 1})], {"1": 1.0}),
+    ],
+}
+
+
+def plugin_cases(cases: Mapping[str, list[Case]]) -> list[Any]:
+    return [pytest.param(name, case, id=f"{name}: {case.id}") for name, table in cases.items() for case in table]
+
+
+@pytest.mark.parametrize(("name", "case"), plugin_cases(FILTER_CASES))
+def test_filter(name: str, case: Case) -> None:
+    plugin = registry.PLUGINS[name]
+    assert isinstance(plugin, FilterPlugin)
+    assert [x.id for x in plugin.build(case.params)(case.req, case.backends)] == case.want
+
+
+@pytest.mark.parametrize(("name", "case"), plugin_cases(SCORER_CASES))
+def test_scorer(name: str, case: Case) -> None:
+    plugin = registry.PLUGINS[name]
+    assert isinstance(plugin, ScorerPlugin)
+    scorer, weight = plugin.build(case.params)
+    assert dict(scorer(case.req, case.backends)) == case.want
+    assert weight == plugin.weight > 0
+
+
+def test_every_filter_and_scorer_has_a_table() -> None:
+    assert set(FILTER_CASES) == {p.name for p in registry.FILTERS}
+    assert set(SCORER_CASES) == {p.name for p in registry.SCORERS}
+
+
+def test_bounded_load_names_the_bad_parameter() -> None:
+    with pytest.raises(ValueError, match=r"factor=0\.9"):
+        bounded_load(0.9)
+    with pytest.raises(ValueError, match="slack=-1"):
+        bounded_load(1.25, slack=-1)
+
+
+def test_highest_score_rotates_among_ties_only() -> None:
+    pick = registry.PLUGINS["highest-score"]
+    assert isinstance(pick, PickerPlugin)
+    first = pick.build(PARAMS)
+    assert isinstance(first, HighestScore) and first is not pick.build(PARAMS)  # no shared turns
+    assert {first({"1": 1.0, "2": 1.0, "3": 0.5}) for _ in range(4)} == {"1", "2"}
+    assert first({"1": 0.2, "2": 0.9}) == "2"
+    assert first({}) is None
+
+
+def test_round_robin_cycles_and_ignores_scores() -> None:
+    pick = registry.PLUGINS["round-robin"]
+    assert isinstance(pick, PickerPlugin)
+    turn = pick.build(PARAMS)
+    assert isinstance(turn, RoundRobin)
+    assert [turn({"2": 0.0, "1": 9.0}) for _ in range(4)] == ["1", "2", "1", "2"]
+    assert turn({}) is None
+
+
+def modules_of(package: Any) -> list[str]:
+    return [m.name for m in pkgutil.iter_modules(package.__path__)]
+
+
+@pytest.mark.parametrize(
+    ("package", "registered"),
+    [(lorapool.router.filters, registry.FILTERS), (lorapool.router.scorers, registry.SCORERS)],
+    ids=["filters", "scorers"],
+)
+def test_every_plugin_module_declares_one_registered_plugin(package: Any, registered: Sequence[Any]) -> None:
+    declared = [importlib.import_module(f"{package.__name__}.{m}").PLUGIN for m in modules_of(package)]
+    assert sorted(p.name for p in declared) == sorted(p.name for p in registered)
+    assert all(p in registered for p in declared)
+
+
+# Values a field can take that differ from every case's defaults; ``id`` is always read.
+PERTURBED: dict[str, Any] = {
+    "up": False,
+    "max_loras": 7,
+    "models": frozenset({"zz"}),
+    "active": {"q": 1, "r": 2, "s": 1},
+    "warm": frozenset({"a", "base"}),
+    "cached": frozenset({"a", "base"}),
+    "load": 13,
+    "kv_usage": 0.77,
+}
+BACKEND_FIELDS = {f.name for f in dataclasses.fields(Backend)}
+REQUEST_FIELDS = {f.name for f in dataclasses.fields(Request)}
+
+
+def answer(plugin: FilterPlugin | ScorerPlugin, req: Request, backends: Sequence[Backend]) -> Any:
+    if isinstance(plugin, FilterPlugin):
+        return [x.id for x in plugin.build(PARAMS)(req, backends)]
+    return dict(plugin.build(PARAMS)[0](req, backends))
+
+
+@pytest.mark.parametrize("plugin", [*registry.FILTERS, *registry.SCORERS], ids=lambda p: p.name)
+def test_a_plugin_reads_only_the_fields_it_declares(plugin: FilterPlugin | ScorerPlugin) -> None:
+    """Changing any field outside ``reads`` leaves every case's answer unchanged; and the
+    module docstring names each field it reads (a claim a reader relies on)."""
+    assert set(plugin.reads) <= BACKEND_FIELDS | REQUEST_FIELDS, plugin.reads
+    doc = importlib.import_module(plugin.factory.__module__).__doc__ or ""
+    assert all(f"``{field}``" in doc for field in plugin.reads), f"{plugin.name}: docstring misses a field it reads"
+    assert "Reads:" in doc
+    if isinstance(plugin, ScorerPlugin):
+        assert "Score" in doc and "Weight" in doc, f"{plugin.name}: docstring gives no score range or weight"
+    cases = (FILTER_CASES | SCORER_CASES)[plugin.name]
+    unread = [f for f in PERTURBED if f not in plugin.reads]
+    for case in cases:
+        before = answer(plugin, case.req, case.backends)
+        for field in unread:
+            changed = [dataclasses.replace(x, **{field: PERTURBED[field]}) for x in case.backends]
+            assert answer(plugin, case.req, changed) == before, f"{plugin.name} reads {field}"
+        if "is_adapter" not in plugin.reads:
+            flipped = Request(case.req.model, is_adapter=not case.req.is_adapter)
+            assert answer(plugin, flipped, case.backends) == before, f"{plugin.name} reads is_adapter"
+
+
+def test_a_declared_field_is_really_read() -> None:
+    """The check above can fail: lora-affinity's answer does change with ``active``."""
+    backends = [b("1"), b("2", active={"x": 1, "y": 1})]
+    changed = [dataclasses.replace(x, active=PERTURBED["active"]) for x in backends]
+    assert lora_affinity(A, backends) != lora_affinity(A, changed)
