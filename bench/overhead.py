@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.loadgen import Workload, percentile, run_open_loop, schedule
+from bench.scenarios import LORAPOOL_AFFINITY, lorapool_system
 from bench.systems import FleetSpec, System, sim_fleet
+from lorapool.api.common import RouterPolicy
 
 RATES_RPS = (100.0, 500.0)
 DURATION_S = 6.0
@@ -23,7 +25,7 @@ WARMUP_S = 1.0
 REPEATS = 3  # interleaved, medians reported: the machine is shared and noisy
 SYSTEMS = (
     System("direct", "direct"),
-    System("lorapool affinity", "lorapool", "affinity"),
+    lorapool_system(RouterPolicy.AFFINITY),
     System("nginx round-robin", "nginx"),
     System("vllm-router round_robin", "vllm-router", "round_robin"),
 )
@@ -101,8 +103,8 @@ def run_overhead(adapter_root: Path) -> dict[str, Any]:
     for system in SYSTEMS[:2]:
         values, errors = _latencies(system, realtime, streamed, adapter_root, stream=True)
         relay[system.name] = _stats(values, errors)
-    relay["added_p50_ms"] = relay["lorapool affinity"]["p50_ms"] - relay["direct"]["p50_ms"]
-    relay["added_p99_ms"] = relay["lorapool affinity"]["p99_ms"] - relay["direct"]["p99_ms"]
+    relay["added_p50_ms"] = relay[LORAPOOL_AFFINITY]["p50_ms"] - relay["direct"]["p50_ms"]
+    relay["added_p99_ms"] = relay[LORAPOOL_AFFINITY]["p99_ms"] - relay["direct"]["p99_ms"]
     overhead["relay"] = relay
     overhead["loadavg_1m"] = os.getloadavg()[0]
     return overhead

@@ -6,8 +6,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-AFFINITY = "lorapool affinity"
-ROUND_ROBINS = ("lorapool round-robin", "nginx round-robin", "vllm-router round_robin")
+from bench.scenarios import LORAPOOL_AFFINITY as AFFINITY
+from bench.scenarios import LORAPOOL_ROUND_ROBIN
+
+ROUND_ROBINS = (LORAPOOL_ROUND_ROBIN, "nginx round-robin", "vllm-router round_robin")
 
 
 def _f(x: Any, digits: int = 2) -> str:
@@ -32,7 +34,7 @@ def headline(data: dict[str, Any]) -> list[dict[str, Any]]:
         aff = runs.get(AFFINITY)
         if not aff or "error" in aff:
             continue
-        rr = runs.get("lorapool round-robin")
+        rr = runs.get(LORAPOOL_ROUND_ROBIN)
         others = {k: v for k, v in runs.items() if k != AFFINITY and "error" not in v}
         best_name = max(others, key=lambda k: others[k]["goodput_rps"], default=None)
         best = others.get(best_name) if best_name else None
@@ -178,8 +180,8 @@ def write_report(data: dict[str, Any], out: Path, report: Path) -> None:
             "",
             "First streamed chunk (TTFT) on a real-time replica, 20 req/s, direct vs through"
             f" lorapool: p50 {_f(relay['direct']['p50_ms'], 1)} vs"
-            f" {_f(relay['lorapool affinity']['p50_ms'], 1)} ms (+{_f(relay['added_p50_ms'], 1)}),"
-            f" p99 {_f(relay['direct']['p99_ms'], 1)} vs {_f(relay['lorapool affinity']['p99_ms'], 1)} ms"
+            f" {_f(relay[AFFINITY]['p50_ms'], 1)} ms (+{_f(relay['added_p50_ms'], 1)}),"
+            f" p99 {_f(relay['direct']['p99_ms'], 1)} vs {_f(relay[AFFINITY]['p99_ms'], 1)} ms"
             f" (+{_f(relay['added_p99_ms'], 1)}).",
             "",
         ]

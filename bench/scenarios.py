@@ -10,6 +10,8 @@ from dataclasses import dataclass, replace
 
 from bench.loadgen import Workload
 from bench.systems import FleetSpec, System
+from lorapool.api.common import RouterPolicy
+from lorapool.router import registry
 
 TIME_SCALE = 4.0  # wall seconds per simulated second (see RESULTS.md, "How to read")
 REPLICAS = 4
@@ -95,10 +97,17 @@ SCENARIOS: tuple[Scenario, ...] = (
     ),
 )
 
+
+def lorapool_system(policy: RouterPolicy) -> System:
+    """``lorapool router --policy <policy>``, named "lorapool <policy>" in results."""
+    return System(f"lorapool {policy}", "lorapool", str(policy))
+
+
+LORAPOOL_AFFINITY = lorapool_system(RouterPolicy.AFFINITY).name
+LORAPOOL_ROUND_ROBIN = lorapool_system(RouterPolicy.ROUND_ROBIN).name
+
 SYSTEMS: tuple[System, ...] = (
-    System("lorapool affinity", "lorapool", "affinity"),
-    System("lorapool least-loaded", "lorapool", "least-loaded"),
-    System("lorapool round-robin", "lorapool", "round-robin"),
+    *(lorapool_system(policy) for policy in registry.POLICIES),  # every --policy the router has
     System("nginx round-robin", "nginx"),
     System("vllm-router round_robin", "vllm-router", "round_robin"),
     System("vllm-router power_of_two", "vllm-router", "power_of_two"),
