@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -188,6 +189,8 @@ def test_wheel_has_every_module_the_data_files_and_the_console_script(wheel: Pat
 def test_installed_wheel_runs_lorapool_and_finds_its_data(wheel: Path, tmp_path: Path) -> None:
     """Installed into a fresh virtualenv (dependencies from this interpreter), the console
     script runs the wheel's own code, not the working tree's."""
+    # as a user's shell: no PYTHONPATH pointing at a source tree (flakes.py --clone sets one)
+    user_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
     python = env_dir / "bin" / "python"
@@ -197,16 +200,20 @@ def test_installed_wheel_runs_lorapool_and_finds_its_data(wheel: Path, tmp_path:
         timeout=120,
         capture_output=True,
     )
-    version = subprocess.run([env_dir / "bin" / "lorapool", "--version"], capture_output=True, text=True, check=True)
+    version = subprocess.run(
+        [env_dir / "bin" / "lorapool", "--version"], capture_output=True, text=True, check=True, env=user_env
+    )
     assert version.stdout.strip() == f"lorapool {lorapool.__version__}"
     probe = (
         "import lorapool, importlib.resources as r; print(lorapool.__file__); "
         "print(len(r.files('lorapool.cluster').joinpath('stages.yaml').read_text()))"
     )
     where, size = subprocess.run(
-        [python, "-c", probe], capture_output=True, text=True, check=True, cwd=tmp_path
+        [python, "-c", probe], capture_output=True, text=True, check=True, cwd=tmp_path, env=user_env
     ).stdout.split()
     assert where.startswith(str(env_dir)), where
     assert int(size) > 0
     for command in ("operator", "router", "sidecar", "sim"):
-        subprocess.run([env_dir / "bin" / "lorapool", command, "--help"], capture_output=True, check=True, timeout=60)
+        subprocess.run(
+            [env_dir / "bin" / "lorapool", command, "--help"], capture_output=True, check=True, timeout=60, env=user_env
+        )
