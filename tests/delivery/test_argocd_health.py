@@ -13,7 +13,10 @@ import pytest
 import yaml
 from tests.delivery.helm import REPO
 
+from lorapool.api.models import LoRAPoolSpec
+from lorapool.api.status import LoRAPoolStatus
 from lorapool.controller.status import AdapterResult, Observed, merge_conditions, pool_status
+from lorapool.plan.planner import plan_pool
 
 ARGOCD = REPO / "deploy" / "argocd"
 
@@ -29,7 +32,15 @@ def run_health(script: Path, obj: Mapping[str, Any]) -> dict[str, str]:
 def observed(**overrides: Any) -> Observed:
     base: dict[str, Any] = {
         "generation": 3,
-        "plan": {"maxLoras": 8, "maxLoraRank": 16, "maxCpuLoras": 64},
+        "plan": plan_pool(
+            LoRAPoolSpec.model_validate(
+                {
+                    "baseModel": {"name": "meta-llama/Meta-Llama-3-8B", "source": "hf://meta-llama/Meta-Llama-3-8B"},
+                    "gpu": {"product": "A100-80GB"},
+                }
+            ),
+            [],
+        ).to_status(),
         "plan_errors": (),
         "adapters": (AdapterResult("sql-coder", "Inline", 16, "Ready"),),
         "desired_replicas": 2,
@@ -43,7 +54,7 @@ def observed(**overrides: Any) -> Observed:
     return Observed(**(base | overrides))
 
 
-def pool(status: dict[str, Any] | None, generation: int = 3) -> dict[str, Any]:
+def pool(status: LoRAPoolStatus | None, generation: int = 3) -> dict[str, Any]:
     obj: dict[str, Any] = {
         "apiVersion": "lorapool.io/v1alpha1",
         "kind": "LoRAPool",
@@ -51,8 +62,8 @@ def pool(status: dict[str, Any] | None, generation: int = 3) -> dict[str, Any]:
         "spec": {"replicas": 2},
     }
     if status is not None:
-        status["conditions"] = merge_conditions([], status["conditions"], "2026-01-01T00:00:00Z")
-        obj["status"] = status
+        stamped = merge_conditions([], status.conditions, "2026-01-01T00:00:00Z")
+        obj["status"] = status.model_copy(update={"conditions": stamped}).to_patch()
     return obj
 
 

@@ -195,7 +195,7 @@ def test_dims_from_config_estimates_parameters() -> None:
 
 
 def test_plan_status_uses_the_documented_names() -> None:
-    status = plan_pool(pool().spec, ranks(8)).to_status()
+    status = plan_pool(pool().spec, ranks(8)).to_status().to_wire()
     assert set(status) >= {"maxLoras", "maxLoraRank", "maxCpuLoras", "memory", "reasons"}
     assert set(status["memory"]) >= {"weightsBytes", "loraBytes", "reserveBytes", "kvCacheBytes", "kvCacheTokens"}
     assert set(status["reasons"]) == {"maxLoras", "maxLoraRank", "maxCpuLoras"}

@@ -1,14 +1,18 @@
-"""Status models of LoRAPool and LoRAAdapter. Pure.
+"""Status models of LoRAPool and LoRAAdapter: the one shape of everything the operator writes. Pure.
 
-The operator writes these; the CRD schema is generated from them so that
-``kubectl explain lp.status`` documents what users read. Conditions follow the
-kstatus convention (Ready / Progressing / Degraded, each with reason and message),
-so ``kubectl wait --for=condition=Ready``, Flux and Argo CD understand a pool.
+The planner fills ``PlanStatus`` (and ``MemoryStatus`` is its memory breakdown), the
+controller's pure status code builds ``LoRAPoolStatus`` / ``LoRAAdapterStatus``, the
+operator sends ``to_patch()``, and the CRD's status schema is generated from these same
+classes, so ``kubectl explain lp.status`` documents exactly what is written. Conditions
+follow kstatus (Ready / Progressing / Degraded, plus abnormal-true Reconciling / Stalled),
+each with a reason and a message, so ``kubectl wait --for=condition=Ready``, Flux and
+Argo CD understand a pool.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -16,20 +20,56 @@ from lorapool.api.models import _camel
 
 
 class Status(BaseModel):
+    """Base of the status models: camelCase on the wire, unknown fields (other writers') ignored."""
+
     model_config = ConfigDict(extra="ignore", populate_by_name=True, alias_generator=_camel)
+
+    def to_wire(self) -> dict[str, Any]:
+        """The JSON the CRD expects: camelCase names, unset optional fields left out."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+    def to_patch(self) -> dict[str, Any]:
+        """The fields this status sets, for a JSON merge patch; those set to None are sent as null.
+
+        A merge patch keeps what it does not mention, so a value that is no longer true (a plan
+        that became invalid, a rank no longer known) must be sent as null to be removed, and a
+        field the writer did not set (an invalid spec's status sets only conditions) is not sent.
+        """
+        wire = self.to_wire()
+        fields = type(self).model_fields
+        return {
+            (info.alias or name): wire.get(info.alias or name)
+            for name, info in fields.items()
+            if name in self.model_fields_set
+        }
 
 
 class ConditionType(StrEnum):
+    """Every condition type the operator writes."""
+
     READY = "Ready"
     PROGRESSING = "Progressing"
     DEGRADED = "Degraded"
+    RECONCILING = "Reconciling"  # kstatus: abnormal-true twin of Progressing
+    STALLED = "Stalled"  # kstatus: abnormal-true, the spec cannot be served until it changes
+
+
+class ConditionStatus(StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+def _listed(values: type[StrEnum]) -> str:
+    names = [v.value for v in values]
+    return ", ".join(names[:-1]) + " or " + names[-1]
 
 
 class Condition(Status):
     """A kstatus-style condition."""
 
-    type: str = Field(description="Ready, Progressing or Degraded.")
-    status: str = Field(description="True, False or Unknown.")
+    type: str = Field(description=f"{_listed(ConditionType)}.")
+    status: str = Field(description=f"{_listed(ConditionStatus)}.")
     reason: str = Field(default="", description="CamelCase reason for the last transition.")
     message: str = Field(default="", description="Human-readable details: what happened and what to do.")
     last_transition_time: str | None = Field(default=None, description="When status last changed (RFC 3339).")
@@ -38,18 +78,33 @@ class Condition(Status):
     )
 
 
+def condition(type_: ConditionType, status: bool, reason: str, message: str, generation: int | None) -> Condition:
+    """A condition without its timestamp (``merge_conditions`` in the controller stamps it)."""
+    return Condition(
+        type=type_.value,
+        status=(ConditionStatus.TRUE if status else ConditionStatus.FALSE).value,
+        reason=reason,
+        message=message,
+        observed_generation=generation,
+    )
+
+
 class MemoryStatus(Status):
-    """Per-GPU memory breakdown of one replica, in bytes."""
+    """Memory breakdown of one replica, per GPU (a replica with gpu.count GPUs has this on each), in bytes."""
+
+    model_config = ConfigDict(frozen=True)
 
     gpu_bytes: int = Field(description="Memory of one GPU.")
-    usable_bytes: int = Field(description="gpuMemoryUtilization x GPU memory x GPUs.")
-    weights_bytes: int = Field(description="Base-model weights, all GPUs of a replica.")
-    lora_bytes: int = Field(description="LoRA GPU buffers: maxLoras slots at maxLoraRank (vLLM's allocation).")
-    reserve_bytes: int = Field(description="Activation and runtime reserve.")
-    kv_cache_bytes: int = Field(description="What is left for the KV cache.")
+    usable_bytes: int = Field(description="gpuMemoryUtilization x the memory of one GPU.")
+    weights_bytes: int = Field(description="Base-model weights on one GPU (the total divided by gpu.count).")
+    lora_bytes: int = Field(
+        description="LoRA GPU buffers on one GPU: maxLoras slots at maxLoraRank (vLLM's allocation)."
+    )
+    reserve_bytes: int = Field(description="Activation and runtime reserve on one GPU.")
+    kv_cache_bytes: int = Field(description="What is left for the KV cache on one GPU.")
     kv_cache_tokens: int = Field(description="Tokens the KV cache holds.")
     naive_rank: int = Field(description="The rank of the naive comparison (256).")
-    naive_lora_bytes: int = Field(description="LoRA buffers had maxLoraRank been set to 256.")
+    naive_lora_bytes: int = Field(description="LoRA buffers on one GPU had maxLoraRank been set to 256.")
     naive_kv_cache_tokens: int = Field(description="KV tokens left with the naive rank (0 = does not fit).")
 
 
@@ -69,13 +124,16 @@ class PlanStatus(Status):
     tensor_parallel_size: int
     memory: MemoryStatus
     reasons: PlanReasons
+    warnings: list[str] | None = Field(
+        default=None, description="What the plan serves but advises against (e.g. an explicit value above need)."
+    )
 
 
 class AdapterPhase(StrEnum):
-    PENDING = "Pending"
-    READY = "Ready"
-    FAILED = "Failed"
-    CONFLICT = "Conflict"
+    PENDING = "Pending"  # metadata not read yet: its rank is unknown
+    READY = "Ready"  # valid and part of the desired set
+    FAILED = "Failed"  # vLLM would refuse it, or its spec contradicts its config
+    CONFLICT = "Conflict"  # a LoRAAdapter whose name the pool already declares inline
 
 
 class AdapterStatus(Status):
@@ -84,9 +142,9 @@ class AdapterStatus(Status):
     name: str
     source_kind: str = Field(default="Inline", description="Inline (spec.adapters) or LoRAAdapter.")
     rank: int | None = Field(default=None, description="Rank read from adapter_config.json or the spec.")
-    phase: AdapterPhase = Field(default=AdapterPhase.PENDING, description="Pending, Ready, Failed or Conflict.")
+    phase: AdapterPhase = Field(default=AdapterPhase.PENDING, description=f"{_listed(AdapterPhase)}.")
     loaded_replicas: int | None = Field(default=None, description="Replicas where the sidecar reports it loaded.")
-    message: str = Field(default="", description="What is wrong and how to fix it.")
+    message: str | None = Field(default=None, description="What is wrong and how to fix it.")
 
 
 class LoRAPoolStatus(Status):

@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
         return fail(exc, "plan")
     if args.output == "json":
         out = [
-            plan.to_status()
+            plan.to_status().to_wire()
             | {"pool": f"{pool.metadata.namespace}/{pool.metadata.name}", "warnings": list(plan.warnings)}
             for pool, plan, _ in results
         ]

@@ -18,10 +18,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from lorapool.api.models import AUTO, LoRAPoolSpec
+from lorapool.api.common import Dtype
+from lorapool.api.models import AUTO, LoRAPoolSpec, LoraSpec
 from lorapool.api.peft import VLLM_RANKS, vllm_rank_for
+from lorapool.api.status import MemoryStatus, PlanReasons, PlanStatus
 from lorapool.errors import PlanError
 from lorapool.plan.dims import ModelDims, lookup_model
 from lorapool.plan.gpus import GIB, GPUS, GpuType
@@ -46,20 +47,6 @@ class AdapterRank:
 
 
 @dataclass(frozen=True)
-class Memory:
-    gpu_bytes: int
-    usable_bytes: int
-    weights_bytes: int
-    lora_bytes: int
-    reserve_bytes: int
-    kv_cache_bytes: int
-    kv_cache_tokens: int
-    naive_rank: int
-    naive_lora_bytes: int
-    naive_kv_cache_tokens: int
-
-
-@dataclass(frozen=True)
 class Plan:
     """vLLM flags for one pool, the memory they leave, and why each has its value."""
 
@@ -68,44 +55,47 @@ class Plan:
     max_cpu_loras: int
     max_model_len: int
     tensor_parallel_size: int
-    memory: Memory
+    memory: MemoryStatus
     reasons: Mapping[str, str]
     model: str
     gpu: str
     warnings: tuple[str, ...] = field(default=())
 
-    def to_status(self) -> dict[str, Any]:
-        """camelCase dict: ``status.plan`` and ``lorapool plan -o json``."""
-        m = self.memory
-        return {
-            "maxLoras": self.max_loras,
-            "maxLoraRank": self.max_lora_rank,
-            "maxCpuLoras": self.max_cpu_loras,
-            "maxModelLen": self.max_model_len,
-            "tensorParallelSize": self.tensor_parallel_size,
-            "memory": {
-                "gpuBytes": m.gpu_bytes,
-                "usableBytes": m.usable_bytes,
-                "weightsBytes": m.weights_bytes,
-                "loraBytes": m.lora_bytes,
-                "reserveBytes": m.reserve_bytes,
-                "kvCacheBytes": m.kv_cache_bytes,
-                "kvCacheTokens": m.kv_cache_tokens,
-                "naiveRank": m.naive_rank,
-                "naiveLoraBytes": m.naive_lora_bytes,
-                "naiveKvCacheTokens": m.naive_kv_cache_tokens,
-            },
-            "reasons": {
-                "maxLoras": self.reasons["maxLoras"],
-                "maxLoraRank": self.reasons["maxLoraRank"],
-                "maxCpuLoras": self.reasons["maxCpuLoras"],
-            },
-        }
+    def to_status(self) -> PlanStatus:
+        """``status.plan`` (and ``lorapool plan -o json``), in the one status model."""
+        return PlanStatus(
+            max_loras=self.max_loras,
+            max_lora_rank=self.max_lora_rank,
+            max_cpu_loras=self.max_cpu_loras,
+            max_model_len=self.max_model_len,
+            tensor_parallel_size=self.tensor_parallel_size,
+            memory=self.memory,
+            reasons=PlanReasons(
+                max_loras=self.reasons["maxLoras"],
+                max_lora_rank=self.reasons["maxLoraRank"],
+                max_cpu_loras=self.reasons["maxCpuLoras"],
+            ),
+            warnings=list(self.warnings) or None,
+        )
 
 
-def dtype_bytes(dtype: str) -> int:
-    """Bytes per element; 'auto' is bf16/fp16 for every model lorapool knows."""
-    return 4 if dtype == "float32" else 2
+@dataclass(frozen=True)
+class Derived:
+    """One derived value: what it is, why, and what is wrong (refusals) or unwise (warnings)."""
+
+    value: int
+    reason: str
+    problems: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+
+# Every dtype the API accepts is two bytes wide; vLLM's 'auto' loads fp32 checkpoints as fp16 too.
+_DTYPE_BYTES: dict[Dtype, int] = {Dtype.AUTO: 2, Dtype.FLOAT16: 2, Dtype.BFLOAT16: 2}
+
+
+def dtype_bytes(dtype: Dtype) -> int:
+    """Bytes per element of a weight or LoRA dtype as spec.baseModel.dtype / spec.lora.dtype spell it."""
+    return _DTYPE_BYTES[dtype]
 
 
 def lora_buffer_bytes(dims: ModelDims, *, max_loras: int, max_rank: int, dtype_size: int, tp: int) -> int:
@@ -188,192 +178,279 @@ def plan_pool(
     *,
     dims: ModelDims | None = None,
 ) -> Plan:
-    """Derive --max-loras, --max-lora-rank and --max-cpu-loras for a pool. Raises PlanError."""
+    """Derive --max-loras, --max-lora-rank and --max-cpu-loras for a pool. Raises PlanError.
+
+    Each flag has its own function returning value, reason and problems; problems are
+    collected in flag order so one PlanError lists everything the user must change.
+    """
     model = resolve_dims(spec, dims)
     gpu: GpuType = GPUS[spec.gpu.product]
-    tp = spec.gpu.count
-    b = dtype_bytes(spec.base_model.dtype.value)
-    lb = dtype_bytes(spec.lora.dtype.value) if spec.lora.dtype.value != "auto" else b
-    problems: list[str] = []
-    warnings: list[str] = []
-
-    max_model_len = spec.vllm.max_model_len or min(model.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
-    if max_model_len > model.max_position_embeddings:
-        problems.append(
-            f"spec.vllm.maxModelLen={max_model_len} exceeds the model's context {model.max_position_embeddings}; "
-            f"set it to <= {model.max_position_embeddings}"
-        )
-
-    # --- max-lora-rank -------------------------------------------------------------------------
-    known = [a for a in adapters if a.rank is not None]
-    unknown = [a.name for a in adapters if a.rank is None]
-    for a in known:
-        assert a.rank is not None
-        if a.rank > VLLM_RANKS[-1]:
-            problems.append(
-                f"{a.field}.rank={a.rank} exceeds vLLM's largest rank {VLLM_RANKS[-1]}; "
-                f"retrain at <= {VLLM_RANKS[-1]} or drop the adapter"
-            )
-    largest = max(
-        (a for a in known if a.rank is not None and a.rank <= VLLM_RANKS[-1]), key=lambda a: a.rank or 0, default=None
-    )
-    if spec.lora.max_lora_rank == AUTO:
-        if largest is None:
-            rank = DEFAULT_RANK
-            why = f"{DEFAULT_RANK} (vLLM's default): no adapter rank known yet"
-        else:
-            assert largest.rank is not None
-            rank = vllm_rank_for(largest.rank)
-            rounded = "" if rank == largest.rank else f", rounded up to vLLM's allowed rank {rank}"
-            why = f"{rank}: largest adapter rank is {largest.rank} ({largest.name}){rounded}"
-        if unknown:
-            why += f"; rank unknown for {_names(unknown)}, assumed <= {rank}"
-    else:
-        rank = int(spec.lora.max_lora_rank)
-        why = f"{rank}: set in spec.lora.maxLoraRank"
-        too_big = [a for a in known if a.rank is not None and rank < a.rank <= VLLM_RANKS[-1]]
-        for a in too_big:
-            problems.append(
-                f"spec.lora.maxLoraRank={rank} is below {a.field} ({a.name}) rank {a.rank}; vLLM would refuse "
-                f"to load it: set maxLoraRank to {vllm_rank_for(a.rank or 1)} or 'auto'"
-            )
-        if largest is not None and largest.rank is not None and vllm_rank_for(largest.rank) < rank:
-            why += f" (auto would be {vllm_rank_for(largest.rank)}: every slot pays for rank {rank})"
-    reasons = {"maxLoraRank": why}
-
-    # --- memory budget -------------------------------------------------------------------------
-    usable = int(gpu.memory_bytes * spec.vllm.gpu_memory_utilization)
-    weights = model.num_parameters * b // tp
-    reserve = reserve_bytes(model, dtype_size=b, tp=tp, max_num_seqs=spec.vllm.max_num_seqs)
-    per_token = kv_bytes_per_token(model, dtype_size=b, tp=tp)
-    before_lora = usable - weights - reserve
-    if before_lora <= 0:
-        raise PlanError(
-            [
-                *problems,
-                f"spec.gpu: {model.key} weights need {_gb(weights)} per GPU (+{_gb(reserve)} runtime) but "
-                f"{spec.gpu.product} x{tp} at gpuMemoryUtilization {spec.vllm.gpu_memory_utilization} gives "
-                f"{_gb(usable)} per GPU; set spec.gpu.count to {_next_tp(model, gpu, spec, b, reserve)} "
-                "or use a larger GPU",
-            ]
-        )
-    slot = lora_buffer_bytes(model, max_loras=1, max_rank=rank, dtype_size=lb, tp=tp)
-    one_seq = max_model_len * per_token
-
-    # --- max-loras -----------------------------------------------------------------------------
-    n_adapters = len(adapters)
-    if spec.lora.max_loras == AUTO:
-        floor_bytes = max(
-            spec.lora.min_kv_cache_sequences * one_seq,
-            int(spec.lora.min_kv_cache_fraction * before_lora),
-        )
-        fit = (before_lora - floor_bytes) // slot if before_lora > floor_bytes else 0
-        wanted = slot_headroom(n_adapters)
-        cap = min(wanted, spec.vllm.max_num_seqs)
-        max_loras = int(min(cap, fit))
-        if max_loras < 1:
-            problems.append(
-                f"spec.lora: even one LoRA slot at rank {rank} ({_gb(slot)}) leaves the KV cache below its floor of "
-                f"{_gb(floor_bytes)} (max({spec.lora.min_kv_cache_sequences} x {max_model_len}-token sequences, "
-                f"{spec.lora.min_kv_cache_fraction:.0%} of {_gb(before_lora)})); lower spec.vllm.maxModelLen, "
-                "lora.minKvCacheSequences or the adapters' rank, or use a larger GPU"
-            )
-            max_loras = 1
-            why = "1: nothing fits (see errors)"
-        elif max_loras == wanted:
-            why = (
-                f"{max_loras}: a GPU slot for each of the {n_adapters} adapter(s), rounded up to {wanted} "
-                f"({_gb(slot * max_loras)} at rank {rank}) so adapters can be added without restarting pods"
-            )
-        elif max_loras == spec.vllm.max_num_seqs:
-            why = f"{max_loras}: capped by vllm.maxNumSeqs (a batch never holds more distinct adapters)"
-        else:
-            why = (
-                f"{max_loras} of {n_adapters} adapters: each slot at rank {rank} costs {_gb(slot)}; more would push "
-                f"the KV cache below max({spec.lora.min_kv_cache_sequences} x {max_model_len}-token sequences, "
-                f"{spec.lora.min_kv_cache_fraction:.0%} of {_gb(before_lora)}); the router groups requests to "
-                "keep the rest in the CPU cache"
-            )
-    else:
-        max_loras = int(spec.lora.max_loras)
-        why = f"{max_loras}: set in spec.lora.maxLoras"
-        if n_adapters and max_loras > n_adapters:
-            warnings.append(f"spec.lora.maxLoras={max_loras} exceeds the {n_adapters} adapters; slots will sit empty")
-    reasons["maxLoras"] = why
-
-    lora = lora_buffer_bytes(model, max_loras=max_loras, max_rank=rank, dtype_size=lb, tp=tp)
-    kv = before_lora - lora
-    if kv < one_seq and not problems:
-        problems.append(
-            f"spec.lora: {max_loras} slots at rank {rank} take {_gb(lora)}, leaving {_gb(max(kv, 0))} of KV cache, "
-            f"less than one {max_model_len}-token sequence ({_gb(one_seq)}); vLLM would fail to start: lower "
-            "spec.lora.maxLoras or maxLoraRank, or spec.vllm.maxModelLen"
-        )
-
-    # --- max-cpu-loras -------------------------------------------------------------------------
-    host_bytes = pod_memory_bytes(spec, weights * tp)
-    # Sized by the rank bucket, not the adapter count: the cache fills on demand, so a large
-    # capacity costs nothing until used, and adding adapters does not change the flag.
-    per_adapter = adapter_host_bytes(model, rank=rank, dtype_size=lb)
-    host_fit = max(0, (host_bytes - weights * tp - HOST_RUNTIME_BYTES) // per_adapter)
-    if spec.lora.max_cpu_loras == AUTO:
-        max_cpu = int(max(max_loras, host_fit))
-        if max_cpu == max_loras and host_fit < max_loras:
-            why = f"{max_cpu}: at least maxLoras (vLLM requires max-cpu-loras >= max-loras)"
-        elif host_fit >= n_adapters:
-            why = (
-                f"{max_cpu}: pod memory {_gb(host_bytes)} minus weights and runtime caches {host_fit} adapters of "
-                f"rank <= {rank} ({_gb(per_adapter)} each); all {n_adapters} fit, with room to add more without a restart"
-            )
-        else:
-            why = (
-                f"{max_cpu} of {n_adapters}: pod memory {_gb(host_bytes)} minus weights and runtime caches {host_fit} "
-                f"adapters of {_gb(per_adapter)}; the rest load from disk on a miss (~40-500 ms): raise "
-                "spec.vllm.resources.limits.memory to cache more"
-            )
-    else:
-        max_cpu = int(spec.lora.max_cpu_loras)
-        why = f"{max_cpu}: set in spec.lora.maxCpuLoras"
-        if max_cpu < max_loras:
-            problems.append(
-                f"spec.lora.maxCpuLoras={max_cpu} is below maxLoras={max_loras}; vLLM refuses to start: "
-                f"set maxCpuLoras >= {max_loras} or 'auto'"
-            )
-        if max_cpu > host_fit:
-            warnings.append(
-                f"spec.lora.maxCpuLoras={max_cpu} adapters of up to {_gb(per_adapter)} may not fit in pod memory "
-                f"{_gb(host_bytes)}; raise spec.vllm.resources.limits.memory"
-            )
-    reasons["maxCpuLoras"] = why
-
+    b = dtype_bytes(spec.base_model.dtype)
+    lb = dtype_bytes(spec.lora.dtype) if spec.lora.dtype != Dtype.AUTO else b
+    model_len = derive_max_model_len(spec, model)
+    rank = derive_max_lora_rank(spec.lora, adapters)
+    budget = memory_budget(spec, model, gpu, b, problems=[*model_len.problems, *rank.problems])
+    one_seq = model_len.value * budget.kv_per_token_bytes
+    slots = derive_max_loras(spec, len(adapters), rank.value, budget, one_seq_bytes=one_seq, dtype_size=lb)
+    lora = lora_buffer_bytes(model, max_loras=slots.value, max_rank=rank.value, dtype_size=lb, tp=spec.gpu.count)
+    cpu = derive_max_cpu_loras(spec, model, len(adapters), rank.value, slots.value, budget, dtype_size=lb)
+    problems = [*model_len.problems, *rank.problems, *slots.problems]
+    if not problems and (kv_problem := _kv_problem(spec, slots.value, rank.value, lora, budget, one_seq)):
+        problems.append(kv_problem)
+    problems += cpu.problems
     if problems:
         raise PlanError(problems)
-
-    naive_lora = lora_buffer_bytes(model, max_loras=max_loras, max_rank=NAIVE_RANK, dtype_size=lb, tp=tp)
-    naive_kv = before_lora - naive_lora
-    memory = Memory(
-        gpu_bytes=gpu.memory_bytes,
-        usable_bytes=usable,
-        weights_bytes=weights,
-        lora_bytes=lora,
-        reserve_bytes=reserve,
-        kv_cache_bytes=kv,
-        kv_cache_tokens=kv // per_token,
-        naive_rank=NAIVE_RANK,
-        naive_lora_bytes=naive_lora,
-        naive_kv_cache_tokens=max(0, naive_kv) // per_token,
-    )
     return Plan(
-        max_loras=max_loras,
-        max_lora_rank=rank,
-        max_cpu_loras=max_cpu,
-        max_model_len=max_model_len,
-        tensor_parallel_size=tp,
-        memory=memory,
-        reasons=reasons,
+        max_loras=slots.value,
+        max_lora_rank=rank.value,
+        max_cpu_loras=cpu.value,
+        max_model_len=model_len.value,
+        tensor_parallel_size=spec.gpu.count,
+        memory=_memory(model, gpu, budget, lora, slots.value, lb, tp=spec.gpu.count),
+        reasons={"maxLoraRank": rank.reason, "maxLoras": slots.reason, "maxCpuLoras": cpu.reason},
         model=model.key,
         gpu=gpu.product,
-        warnings=tuple(warnings),
+        warnings=(*slots.warnings, *cpu.warnings),
+    )
+
+
+def derive_max_model_len(spec: LoRAPoolSpec, model: ModelDims) -> Derived:
+    """--max-model-len: the spec's value, else the model's context capped at DEFAULT_MAX_MODEL_LEN."""
+    if spec.vllm.max_model_len:
+        value = spec.vllm.max_model_len
+        reason = f"{value}: set in spec.vllm.maxModelLen"
+    else:
+        value = min(model.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
+        reason = f"{value}: the model's context, at most {DEFAULT_MAX_MODEL_LEN}"
+    if value <= model.max_position_embeddings:
+        return Derived(value, reason)
+    problem = (
+        f"spec.vllm.maxModelLen={value} exceeds the model's context {model.max_position_embeddings}; "
+        f"set it to <= {model.max_position_embeddings}"
+    )
+    return Derived(value, reason, problems=(problem,))
+
+
+def derive_max_lora_rank(lora: LoraSpec, adapters: Sequence[AdapterRank]) -> Derived:
+    """--max-lora-rank: the smallest vLLM rank >= the largest adapter rank, or the spec's value, checked."""
+    largest_allowed = VLLM_RANKS[-1]
+    known = [(a, a.rank) for a in adapters if a.rank is not None]
+    problems = [
+        f"{a.field}.rank={r} exceeds vLLM's largest rank {largest_allowed}; "
+        f"retrain at <= {largest_allowed} or drop the adapter"
+        for a, r in known
+        if r > largest_allowed
+    ]
+    servable = [(a, r) for a, r in known if r <= largest_allowed]
+    largest = max(servable, key=lambda pair: pair[1], default=None)
+    if lora.max_lora_rank == AUTO:
+        return Derived(*_auto_rank(largest, [a.name for a in adapters if a.rank is None]), problems=tuple(problems))
+    rank = int(lora.max_lora_rank)
+    why = f"{rank}: set in spec.lora.maxLoraRank"
+    problems += [
+        f"spec.lora.maxLoraRank={rank} is below {a.field} ({a.name}) rank {r}; vLLM would refuse "
+        f"to load it: set maxLoraRank to {vllm_rank_for(r)} or 'auto'"
+        for a, r in servable
+        if r > rank
+    ]
+    if largest is not None and vllm_rank_for(largest[1]) < rank:
+        why += f" (auto would be {vllm_rank_for(largest[1])}: every slot pays for rank {rank})"
+    return Derived(rank, why, problems=tuple(problems))
+
+
+def _auto_rank(largest: tuple[AdapterRank, int] | None, unknown: Sequence[str]) -> tuple[int, str]:
+    if largest is None:
+        rank = DEFAULT_RANK
+        why = f"{DEFAULT_RANK} (vLLM's default): no adapter rank known yet"
+    else:
+        adapter, adapter_rank = largest
+        rank = vllm_rank_for(adapter_rank)
+        rounded = "" if rank == adapter_rank else f", rounded up to vLLM's allowed rank {rank}"
+        why = f"{rank}: largest adapter rank is {adapter_rank} ({adapter.name}){rounded}"
+    if unknown:
+        why += f"; rank unknown for {_names(unknown)}, assumed <= {rank}"
+    return rank, why
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Per-GPU memory before any LoRA buffer: what the flags share."""
+
+    model: ModelDims
+    gpu: GpuType
+    usable_bytes: int
+    weights_bytes: int  # on one GPU
+    reserve_bytes: int
+    kv_per_token_bytes: int
+
+    @property
+    def before_lora_bytes(self) -> int:
+        """What LoRA buffers and the KV cache split between them."""
+        return self.usable_bytes - self.weights_bytes - self.reserve_bytes
+
+
+def memory_budget(
+    spec: LoRAPoolSpec, model: ModelDims, gpu: GpuType, dtype_size: int, *, problems: Sequence[str] = ()
+) -> Budget:
+    """Usable memory, weights, reserve and KV bytes per token on one GPU.
+
+    Raises PlanError (with the earlier ``problems``) when weights and runtime alone do not fit:
+    no flag can fix that, only more GPUs or a larger one.
+    """
+    tp = spec.gpu.count
+    budget = Budget(
+        model=model,
+        gpu=gpu,
+        usable_bytes=int(gpu.memory_bytes * spec.vllm.gpu_memory_utilization),
+        weights_bytes=model.num_parameters * dtype_size // tp,
+        reserve_bytes=reserve_bytes(model, dtype_size=dtype_size, tp=tp, max_num_seqs=spec.vllm.max_num_seqs),
+        kv_per_token_bytes=kv_bytes_per_token(model, dtype_size=dtype_size, tp=tp),
+    )
+    if budget.before_lora_bytes > 0:
+        return budget
+    weights, reserve = budget.weights_bytes, budget.reserve_bytes
+    raise PlanError(
+        [
+            *problems,
+            f"spec.gpu: {model.key} weights need {_gb(weights)} per GPU (+{_gb(reserve)} runtime) but "
+            f"{spec.gpu.product} x{tp} at gpuMemoryUtilization {spec.vllm.gpu_memory_utilization} gives "
+            f"{_gb(budget.usable_bytes)} per GPU; set spec.gpu.count to {_next_tp(model, gpu, spec, dtype_size, reserve)} "
+            "or use a larger GPU",
+        ]
+    )
+
+
+def derive_max_loras(
+    spec: LoRAPoolSpec, n_adapters: int, rank: int, budget: Budget, *, one_seq_bytes: int, dtype_size: int
+) -> Derived:
+    """--max-loras: a slot per adapter rounded up to a bucket, bounded by the KV-cache floor, or the spec's value."""
+    if spec.lora.max_loras != AUTO:
+        value = int(spec.lora.max_loras)
+        warnings: tuple[str, ...] = ()
+        if n_adapters and value > n_adapters:
+            warnings = (f"spec.lora.maxLoras={value} exceeds the {n_adapters} adapters; slots will sit empty",)
+        return Derived(value, f"{value}: set in spec.lora.maxLoras", warnings=warnings)
+    lora = spec.lora
+    before = budget.before_lora_bytes
+    slot = lora_buffer_bytes(budget.model, max_loras=1, max_rank=rank, dtype_size=dtype_size, tp=spec.gpu.count)
+    floor_bytes = max(lora.min_kv_cache_sequences * one_seq_bytes, int(lora.min_kv_cache_fraction * before))
+    floor = (
+        f"max({lora.min_kv_cache_sequences} x {_len(spec, budget)}-token sequences, "
+        f"{lora.min_kv_cache_fraction:.0%} of {_gb(before)})"
+    )
+    fit = (before - floor_bytes) // slot if before > floor_bytes else 0
+    wanted = slot_headroom(n_adapters)
+    value = int(min(wanted, spec.vllm.max_num_seqs, fit))
+    if value < 1:
+        problem = (
+            f"spec.lora: even one LoRA slot at rank {rank} ({_gb(slot)}) leaves the KV cache below its floor of "
+            f"{_gb(floor_bytes)} ({floor}); lower spec.vllm.maxModelLen, "
+            "lora.minKvCacheSequences or the adapters' rank, or use a larger GPU"
+        )
+        return Derived(1, "1: nothing fits (see errors)", problems=(problem,))
+    if value == wanted:
+        why = (
+            f"{value}: a GPU slot for each of the {n_adapters} adapter(s), rounded up to {wanted} "
+            f"({_gb(slot * value)} at rank {rank}) so adapters can be added without restarting pods"
+        )
+    elif value == spec.vllm.max_num_seqs:
+        why = f"{value}: capped by vllm.maxNumSeqs (a batch never holds more distinct adapters)"
+    else:
+        why = (
+            f"{value} of {n_adapters} adapters: each slot at rank {rank} costs {_gb(slot)}; more would push "
+            f"the KV cache below {floor}; the router groups requests to keep the rest in the CPU cache"
+        )
+    return Derived(value, why)
+
+
+def _len(spec: LoRAPoolSpec, budget: Budget) -> int:
+    return spec.vllm.max_model_len or min(budget.model.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
+
+
+def _kv_problem(spec: LoRAPoolSpec, slots: int, rank: int, lora: int, budget: Budget, one_seq: int) -> str | None:
+    """The refusal when the chosen slots leave less KV cache than one full-length sequence."""
+    kv = budget.before_lora_bytes - lora
+    if kv >= one_seq:
+        return None
+    return (
+        f"spec.lora: {slots} slots at rank {rank} take {_gb(lora)}, leaving {_gb(max(kv, 0))} of KV cache, "
+        f"less than one {_len(spec, budget)}-token sequence ({_gb(one_seq)}); vLLM would fail to start: lower "
+        "spec.lora.maxLoras or maxLoraRank, or spec.vllm.maxModelLen"
+    )
+
+
+def derive_max_cpu_loras(
+    spec: LoRAPoolSpec,
+    model: ModelDims,
+    n_adapters: int,
+    rank: int,
+    max_loras: int,
+    budget: Budget,
+    *,
+    dtype_size: int,
+) -> Derived:
+    """--max-cpu-loras: as many adapters of the pool's max rank as pod memory holds, >= max-loras.
+
+    Sized by the rank bucket, not the adapter count: the cache fills on demand, so a large
+    capacity costs nothing until used, and adding adapters does not change the flag.
+    """
+    weights_total = budget.weights_bytes * spec.gpu.count
+    host_bytes = pod_memory_bytes(spec, weights_total)
+    per_adapter = adapter_host_bytes(model, rank=rank, dtype_size=dtype_size)
+    host_fit = max(0, (host_bytes - weights_total - HOST_RUNTIME_BYTES) // per_adapter)
+    if spec.lora.max_cpu_loras != AUTO:
+        return _explicit_cpu_loras(int(spec.lora.max_cpu_loras), max_loras, host_fit, host_bytes, per_adapter)
+    value = int(max(max_loras, host_fit))
+    if value == max_loras and host_fit < max_loras:
+        why = f"{value}: at least maxLoras (vLLM requires max-cpu-loras >= max-loras)"
+    elif host_fit >= n_adapters:
+        why = (
+            f"{value}: pod memory {_gb(host_bytes)} minus weights and runtime caches {host_fit} adapters of "
+            f"rank <= {rank} ({_gb(per_adapter)} each); all {n_adapters} fit, with room to add more without a restart"
+        )
+    else:
+        why = (
+            f"{value} of {n_adapters}: pod memory {_gb(host_bytes)} minus weights and runtime caches {host_fit} "
+            f"adapters of {_gb(per_adapter)}; the rest load from disk on a miss (~40-500 ms): raise "
+            "spec.vllm.resources.limits.memory to cache more"
+        )
+    return Derived(value, why)
+
+
+def _explicit_cpu_loras(value: int, max_loras: int, host_fit: int, host_bytes: int, per_adapter: int) -> Derived:
+    problems: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    if value < max_loras:
+        problems = (
+            f"spec.lora.maxCpuLoras={value} is below maxLoras={max_loras}; vLLM refuses to start: "
+            f"set maxCpuLoras >= {max_loras} or 'auto'",
+        )
+    if value > host_fit:
+        warnings = (
+            f"spec.lora.maxCpuLoras={value} adapters of up to {_gb(per_adapter)} may not fit in pod memory "
+            f"{_gb(host_bytes)}; raise spec.vllm.resources.limits.memory",
+        )
+    return Derived(value, f"{value}: set in spec.lora.maxCpuLoras", problems=problems, warnings=warnings)
+
+
+def _memory(
+    model: ModelDims, gpu: GpuType, budget: Budget, lora: int, max_loras: int, dtype_size: int, *, tp: int
+) -> MemoryStatus:
+    """The per-GPU breakdown in status.plan.memory, with the naive rank's cost beside ours."""
+    kv = budget.before_lora_bytes - lora
+    naive_lora = lora_buffer_bytes(model, max_loras=max_loras, max_rank=NAIVE_RANK, dtype_size=dtype_size, tp=tp)
+    naive_kv = budget.before_lora_bytes - naive_lora
+    return MemoryStatus(
+        gpu_bytes=gpu.memory_bytes,
+        usable_bytes=budget.usable_bytes,
+        weights_bytes=budget.weights_bytes,
+        lora_bytes=lora,
+        reserve_bytes=budget.reserve_bytes,
+        kv_cache_bytes=kv,
+        kv_cache_tokens=kv // budget.kv_per_token_bytes,
+        naive_rank=NAIVE_RANK,
+        naive_lora_bytes=naive_lora,
+        naive_kv_cache_tokens=max(0, naive_kv) // budget.kv_per_token_bytes,
     )
 
 

@@ -1,0 +1,261 @@
+"""The reconcile's decisions, free of I/O. Pure: no kopf, kubernetes or asyncio.
+
+``controller.reconcile`` reads the world and hands it here in plain data; every choice
+(which adapters are valid, what each one's verdict is, the plan, the objects to apply,
+what the observed children mean, which Events to post) is a function of that data, so
+it is tested with tables and no control plane. The steps, in reconcile order:
+
+    read_pool -> pool_adapters -> judge_adapter (per adapter) -> decide -> observe -> events
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from lorapool.api.load import describe
+from lorapool.api.models import LoRAAdapter, LoRAPool
+from lorapool.api.peft import parse_adapter_config, same_base_model
+from lorapool.api.status import AdapterPhase, ConditionType
+from lorapool.controller.status import CONVERGING_REASONS, AdapterResult, Observed, adapter_reason
+from lorapool.errors import LoRAPoolError, PlanError
+from lorapool.plan.adapters import Merged, PoolAdapter
+from lorapool.plan.gpus import GPUS
+from lorapool.plan.planner import AdapterRank, Plan, plan_pool
+from lorapool.render import names
+from lorapool.render.manifests import RenderOptions, render_pool
+
+Obj = dict[str, Any]
+PLAN_FLAGS = ("maxLoras", "maxLoraRank", "maxCpuLoras")  # a change of any of these rolls the engine pods
+
+
+# --- 1. load ---------------------------------------------------------------------------------
+
+
+def read_pool(body: Mapping[str, Any]) -> LoRAPool | list[str]:
+    """The pool, or one ``path: problem`` line per thing its spec gets wrong."""
+    try:
+        return LoRAPool.model_validate(body)
+    except ValidationError as exc:
+        return describe(exc)
+
+
+def generation(body: Mapping[str, Any]) -> int | None:
+    generation: int | None = body["metadata"].get("generation")
+    return generation
+
+
+# --- 2. read adapters ------------------------------------------------------------------------
+
+
+def points_at(body: Mapping[str, Any], pool: str) -> bool:
+    """True when a LoRAAdapter object's spec.poolRef names ``pool`` (read before validation)."""
+    return bool((body.get("spec") or {}).get("poolRef", {}).get("name") == pool)
+
+
+@dataclass(frozen=True)
+class AdapterObjects:
+    """The LoRAAdapter objects that point at one pool."""
+
+    valid: tuple[LoRAAdapter, ...]
+    invalid: tuple[tuple[str, str], ...]  # (name, problems) of those the models refuse
+
+
+def pool_adapters(bodies: Sequence[Mapping[str, Any]], pool: str) -> AdapterObjects:
+    valid: list[LoRAAdapter] = []
+    invalid: list[tuple[str, str]] = []
+    for raw in bodies:
+        if not points_at(raw, pool):
+            continue
+        try:
+            valid.append(LoRAAdapter.model_validate(raw))
+        except ValidationError as exc:
+            invalid.append((raw["metadata"]["name"], "; ".join(describe(exc))))
+    return AdapterObjects(tuple(valid), tuple(invalid))
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """What reading one adapter's ``adapter_config.json`` gave: the parsed JSON, or why there is none."""
+
+    config: Any = None  # the JSON as read; parse_adapter_config judges its shape
+    unreadable: str | None = None  # the source could not be read (down, timed out): maybe later
+    refused: str | None = None  # reading it showed the adapter itself is wrong
+
+
+def judge_adapter(adapter: PoolAdapter, base_model: str, fetched: Fetched) -> AdapterResult:
+    """Rank and verdict for one adapter from its adapter_config.json, falling back to the spec's rank."""
+    spec = adapter.spec
+
+    def result(phase: AdapterPhase, rank: int | None, message: str = "") -> AdapterResult:
+        return AdapterResult(spec.name, adapter.origin, rank, phase, message)
+
+    if fetched.refused is not None:
+        return result(AdapterPhase.FAILED, spec.rank, fetched.refused)
+    if fetched.unreadable is not None:
+        reason = fetched.unreadable
+        if spec.rank is not None:
+            message = f"source not readable by the operator ({reason}); using rank {spec.rank} from the spec"
+            return result(AdapterPhase.READY, spec.rank, message)
+        return result(
+            AdapterPhase.PENDING,
+            None,
+            f"cannot read adapter_config.json to learn its rank: {reason}; fix the source or set {adapter.field}.rank",
+        )
+    try:
+        config = parse_adapter_config(fetched.config, where=f"{spec.name}: adapter_config.json")
+    except LoRAPoolError as exc:
+        return result(AdapterPhase.FAILED, spec.rank, str(exc))
+    if config.problems:
+        return result(AdapterPhase.FAILED, config.rank, "; ".join(config.problems))
+    if not same_base_model(base_model, config.base_model):
+        return result(
+            AdapterPhase.FAILED,
+            config.rank,
+            f"trained on {config.base_model!r}, but the pool serves {base_model!r}; "
+            "attach it to a pool with that base model",
+        )
+    if spec.rank is not None and spec.rank != config.rank:
+        return result(
+            AdapterPhase.FAILED,
+            config.rank,
+            f"{adapter.field}.rank={spec.rank} but adapter_config.json says {config.rank}; "
+            "fix or remove the rank in the spec",
+        )
+    return result(AdapterPhase.READY, config.rank)
+
+
+def unmerged(merged: Merged, invalid: Sequence[tuple[str, str]]) -> list[AdapterResult]:
+    """Verdicts of the LoRAAdapters the pool does not serve: name clashes, then refused specs."""
+    return [
+        *(AdapterResult(n, "LoRAAdapter", None, AdapterPhase.CONFLICT, m) for n, m in merged.conflicts),
+        *(AdapterResult(n, "LoRAAdapter", None, AdapterPhase.FAILED, m) for n, m in invalid),
+    ]
+
+
+# --- 3. decide -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What this reconcile wants: the plan (or why there is none), every adapter's verdict, the children."""
+
+    plan: Plan | None
+    plan_errors: tuple[str, ...]
+    adapters: tuple[AdapterResult, ...]  # the pool's adapters (spec order), then unmerged LoRAAdapters
+    objects: tuple[Obj, ...]  # children to server-side apply, in order; none while the plan is invalid
+
+
+def decide(
+    pool: LoRAPool,
+    merged: Merged,
+    verdicts: Sequence[AdapterResult],
+    invalid: Sequence[tuple[str, str]],
+    options: RenderOptions,
+) -> Decision:
+    """Plan over the adapters not refused, render the children from the plan.
+
+    ``verdicts`` are ``judge_adapter`` results in ``merged.adapters`` order. Every rank the
+    planner sees either fits its max-lora-rank or makes the plan fail naming the adapter, so
+    an adapter that reaches the rendered set always loads.
+    """
+    rest = unmerged(merged, invalid)
+    servable = [(a, v) for a, v in zip(merged.adapters, verdicts, strict=True) if v.phase != AdapterPhase.FAILED]
+    try:
+        plan = plan_pool(pool.spec, [AdapterRank(a.spec.name, a.field, v.rank) for a, v in servable])
+    except PlanError as exc:
+        return Decision(None, exc.problems, (*verdicts, *rest), ())
+    objects = render_pool(pool, plan, [a for a, _ in servable], options)
+    return Decision(plan, (), (*verdicts, *rest), tuple(objects))
+
+
+# --- 5. observe ------------------------------------------------------------------------------
+
+
+def unschedulable(pool: LoRAPool, pods: Sequence[Mapping[str, Any]]) -> str | None:
+    """Why the first unschedulable engine pod cannot be placed, and what would place it."""
+    for pod in pods:
+        for cond in (pod.get("status") or {}).get("conditions") or []:
+            if (
+                cond.get("type") == "PodScheduled"
+                and cond.get("status") == "False"
+                and cond.get("reason") == "Unschedulable"
+            ):
+                gpu = pool.spec.gpu
+                wanted = ", ".join(GPUS[gpu.product].node_products)
+                return (
+                    f"engine pod {pod['metadata']['name']} cannot be scheduled: {cond.get('message', '')}; it needs "
+                    f"a node labelled nvidia.com/gpu.product in [{wanted}] with {gpu.count} free nvidia.com/gpu: "
+                    "add such nodes or change spec.gpu"
+                )
+    return None
+
+
+def observe(
+    pool: LoRAPool,
+    body: Mapping[str, Any],
+    decision: Decision,
+    engine: Mapping[str, Any] | None,
+    router: Mapping[str, Any] | None,
+    pods: Sequence[Mapping[str, Any]],
+) -> Observed:
+    """What the pool's status is computed from: the decision plus the children as the API server has them."""
+    name, namespace = pool.metadata.name, pool.metadata.namespace
+    engine_status = (engine or {}).get("status") or {}
+    router_status = (router or {}).get("status") or {}
+    return Observed(
+        generation=generation(body),
+        plan=decision.plan.to_status() if decision.plan else None,
+        plan_errors=decision.plan_errors,
+        adapters=decision.adapters,
+        desired_replicas=pool.spec.replicas,
+        engine=engine_status if engine else None,
+        engine_generation_current=bool(engine)
+        and engine_status.get("observedGeneration", 0) >= (engine or {})["metadata"].get("generation", 0),
+        router_ready=bool(router) and int(router_status.get("readyReplicas") or 0) > 0,
+        unschedulable=unschedulable(pool, pods),
+        endpoint=names.endpoint(name, namespace),
+        selector=names.selector_string(name, "engine"),
+    )
+
+
+# --- 6. report -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Event:
+    """A core/v1 Event to post on the object: reason, message, Normal or Warning."""
+
+    reason: str
+    message: str
+    type: str = "Normal"
+
+
+def pool_events(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Event]:
+    """Events on transitions a human cares about: readiness and vLLM flag changes (wire-form statuses)."""
+
+    def ready(s: Mapping[str, Any]) -> Mapping[str, Any]:
+        return next((c for c in s.get("conditions") or [] if c.get("type") == ConditionType.READY), {})
+
+    events: list[Event] = []
+    before, after = ready(old), ready(new)
+    if before.get("status") != after.get("status") or before.get("reason") != after.get("reason"):
+        normal = after.get("status") == "True" or after.get("reason") in CONVERGING_REASONS
+        events.append(
+            Event(after.get("reason", "Unknown"), after.get("message", ""), "Normal" if normal else "Warning")
+        )
+    old_plan, new_plan = old.get("plan") or {}, new.get("plan") or {}
+    if new_plan and any(old_plan.get(f) != new_plan.get(f) for f in PLAN_FLAGS):
+        message = ", ".join(f"{f}={new_plan[f]}" for f in PLAN_FLAGS)
+        events.append(Event("PlanChanged", f"vLLM flags: {message}"))
+    return events
+
+
+def adapter_events(old_phase: str | None, result: AdapterResult) -> list[Event]:
+    """A Warning when a LoRAAdapter becomes Failed or Conflict."""
+    if result.phase in (AdapterPhase.FAILED, AdapterPhase.CONFLICT) and old_phase != result.phase:
+        return [Event(adapter_reason(result.phase), result.message, "Warning")]
+    return []

@@ -1,0 +1,164 @@
+"""Pool and adapter status from observations, in the one status model; no control plane."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from lorapool.api.load import parse_object
+from lorapool.api.models import LoRAPool
+from lorapool.api.status import AdapterPhase, ConditionType, LoRAAdapterStatus, LoRAPoolStatus
+from lorapool.controller.status import (
+    AdapterResult,
+    Observed,
+    adapter_object_status,
+    invalid_spec_status,
+    merge_conditions,
+    pool_status,
+    status_changed,
+)
+from lorapool.plan.planner import AdapterRank, plan_pool
+
+
+def spec_pool(**lora: Any) -> LoRAPool:
+    obj = parse_object(
+        {
+            "apiVersion": "lorapool.io/v1alpha1",
+            "kind": "LoRAPool",
+            "metadata": {"name": "p", "namespace": "ml"},
+            "spec": {
+                "baseModel": {"name": "meta-llama/Meta-Llama-3-8B", "source": "hf://meta-llama/Meta-Llama-3-8B"},
+                "gpu": {"product": "A100-80GB"},
+                "lora": lora,
+            },
+        }
+    )
+    assert isinstance(obj, LoRAPool)
+    return obj
+
+
+PLAN = plan_pool(spec_pool().spec, [AdapterRank("a", "spec.adapters[0]", 8)])
+BASE = Observed(
+    generation=3,
+    plan=PLAN.to_status(),
+    plan_errors=(),
+    adapters=(AdapterResult("a", "Inline", 8, AdapterPhase.READY),),
+    desired_replicas=2,
+    engine={"replicas": 2, "readyReplicas": 2, "updatedReplicas": 2},
+    engine_generation_current=True,
+    router_ready=True,
+    unschedulable=None,
+    endpoint="http://p.ml.svc:8000/v1",
+    selector="x=y",
+)
+
+
+def conditions(status: LoRAPoolStatus) -> dict[str, tuple[str, str]]:
+    return {c.type: (c.status, c.reason) for c in status.conditions}
+
+
+CASES = {
+    "ready": (BASE, "True", "PoolReady", "False"),
+    "rolling": (
+        replace(BASE, engine={"replicas": 2, "readyReplicas": 1, "updatedReplicas": 1}),
+        "False",
+        "RollingOut",
+        "False",
+    ),
+    "waiting-for-replicas": (
+        replace(BASE, engine={"replicas": 2, "readyReplicas": 1, "updatedReplicas": 2}),
+        "False",
+        "WaitingForReplicas",
+        "False",
+    ),
+    "waiting-for-router": (replace(BASE, router_ready=False), "False", "WaitingForRouter", "False"),
+    "unschedulable": (replace(BASE, unschedulable="no GPU node"), "True", "PoolReady", "True"),
+    "invalid-plan": (replace(BASE, plan=None, plan_errors=("too big",)), "False", "InvalidPlan", "True"),
+    "failed-adapter": (
+        replace(BASE, adapters=(AdapterResult("d", "Inline", 8, AdapterPhase.FAILED, "DoRA"),)),
+        "True",
+        "PoolReady",
+        "True",
+    ),
+    "pending-without-reason-is-no-problem": (
+        replace(BASE, adapters=(AdapterResult("d", "Inline", None, AdapterPhase.PENDING),)),
+        "True",
+        "PoolReady",
+        "False",
+    ),
+}
+
+
+@pytest.mark.parametrize(("observed", "ready", "reason", "degraded"), list(CASES.values()), ids=list(CASES))
+def test_pool_conditions(observed: Observed, ready: str, reason: str, degraded: str) -> None:
+    got = conditions(pool_status(observed))
+    assert got["Ready"] == (ready, reason)
+    assert got["Degraded"][0] == degraded
+    assert got["Stalled"][0] == ("True" if observed.plan_errors else "False")
+    assert got["Reconciling"][0] == got["Progressing"][0]
+
+
+@pytest.mark.parametrize("observed", list(CASES.values()), ids=list(CASES))
+def test_every_condition_type_written_is_documented(observed: tuple[Observed, str, str, str]) -> None:
+    """The CRD's Condition.type description is generated from ConditionType: it must list what is written."""
+    written = {c.type for c in pool_status(observed[0]).conditions}
+    written |= {c.type for c in invalid_spec_status(["x"], 1).conditions}
+    for phase in AdapterPhase:
+        written |= {
+            c.type for c in adapter_object_status("p", 1, AdapterResult("a", "LoRAAdapter", 8, phase)).conditions
+        }
+    assert written <= set(ConditionType)
+    assert written == set(ConditionType)
+
+
+def test_planner_warnings_reach_status() -> None:
+    plan = plan_pool(spec_pool(maxLoras=32).spec, [AdapterRank("a", "spec.adapters[0]", 8)])
+    assert plan.warnings, "the fixture needs a plan with a warning"
+    status = pool_status(replace(BASE, plan=plan.to_status()))
+    wire = status.to_patch()
+    assert wire["plan"]["warnings"] == list(plan.warnings)
+    ready = next(c for c in wire["conditions"] if c["type"] == "Ready")
+    assert f"warning: {plan.warnings[0]}" in ready["message"]
+    assert "warnings" not in pool_status(BASE).to_patch()["plan"]  # none: the field is left out
+
+
+def test_status_patch_clears_what_is_no_longer_true() -> None:
+    wire = pool_status(replace(BASE, plan=None, plan_errors=("too big",))).to_patch()
+    assert "plan" in wire and wire["plan"] is None  # a merge patch must null the old plan
+    assert wire["adapters"] == [{"name": "a", "sourceKind": "Inline", "rank": 8, "phase": "Ready"}]
+    invalid = invalid_spec_status(["spec.gpu: missing"], 4).to_patch()
+    assert set(invalid) == {"observedGeneration", "conditions"}  # an invalid spec leaves the rest alone
+    adapter = adapter_object_status("p", 2, AdapterResult("a", "LoRAAdapter", None, AdapterPhase.PENDING)).to_patch()
+    assert adapter["rank"] is None and adapter["pool"] == "p" and "loadedReplicas" not in adapter
+
+
+def test_adapter_object_status() -> None:
+    failed = adapter_object_status("p", 2, AdapterResult("a", "LoRAAdapter", 8, AdapterPhase.FAILED, "DoRA"))
+    assert isinstance(failed, LoRAAdapterStatus) and failed.phase == AdapterPhase.FAILED
+    assert [(c.type, c.status, c.reason) for c in failed.conditions] == [
+        ("Ready", "False", "Invalid"),
+        ("Degraded", "True", "Invalid"),
+    ]
+    ok = adapter_object_status("p", 2, AdapterResult("a", "LoRAAdapter", 8, AdapterPhase.READY))
+    assert ok.conditions[0].message == "served by pool p" and ok.conditions[1].status == "False"
+
+
+def test_merge_conditions_keeps_the_transition_time_while_status_holds() -> None:
+    new = pool_status(BASE).conditions
+    first = merge_conditions([], new, "t1")
+    stored = [c.to_wire() for c in first]
+    again = merge_conditions(stored, new, "t2")
+    assert {c.last_transition_time for c in again} == {"t1"}
+    flipped = merge_conditions(stored, pool_status(replace(BASE, router_ready=False)).conditions, "t3")
+    times = {c.type: c.last_transition_time for c in flipped}
+    assert times["Ready"] == "t3" and times["Degraded"] == "t1"
+
+
+def test_an_unchanged_pool_writes_nothing() -> None:
+    status = pool_status(BASE)
+    stored = status.model_copy(update={"conditions": merge_conditions([], status.conditions, "t1")}).to_patch()
+    again = status.model_copy(update={"conditions": merge_conditions(stored["conditions"], status.conditions, "t2")})
+    assert not status_changed(stored, again.to_patch())
+    assert status_changed(stored, pool_status(replace(BASE, router_ready=False)).to_patch())
