@@ -4,7 +4,7 @@
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 
-.PHONY: install run test lint crds unit
+.PHONY: install run test lint crds unit flakes
 
 install:
 	$(PIP) install --quiet --disable-pip-version-check -e '.[test]'
@@ -26,3 +26,9 @@ unit: install
 test: install lint
 	@if [ -x scripts/build-control-plane ]; then scripts/build-control-plane; fi
 	$(PYTHON) -m pytest -q
+
+# Run the whole suite N times (BUSY=1: with every core kept busy) and list each test that failed once.
+N ?= 5
+flakes: install
+	@if [ -x scripts/build-control-plane ]; then scripts/build-control-plane; fi
+	$(PYTHON) scripts/flakes.py --runs $(N) $(if $(BUSY),--busy) $(if $(CLONE),--clone)

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import sys
-import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
+from lorapool.testing.components import start_router as start_router_process
+from lorapool.testing.components import start_sim as start_sim_process
 from lorapool.testing.peft import write_peft_adapter
-from lorapool.testing.processes import RunningProcess, free_port, start_process
+from lorapool.testing.processes import RunningProcess
 
 ADAPTERS = ("sql", "chat", "code", "math")
 BASE = "meta-llama/Meta-Llama-3-8B-Instruct"
@@ -40,16 +40,12 @@ def start_sim(processes: dict[str, RunningProcess], adapter_dirs: dict[str, Path
     """Start a ``lorapool sim`` serving the test adapters; returns its URL."""
 
     def start(*, max_loras: int = 2, time_scale: float = 1.0, extra: Sequence[str] = ()) -> str:
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        modules = [f"{name}={path}" for name, path in adapter_dirs.items()]
-        cmd = [
-            sys.executable, "-m", "lorapool.cli", "sim", "--port", str(port), "--enable-lora",
-            "--max-loras", str(max_loras), "--max-cpu-loras", str(len(modules)),
-            "--time-scale", str(time_scale), "--lora-modules", *modules, *extra,
-        ]  # fmt: skip
-        processes[url] = start_process(cmd, f"{url}/health", timeout=60)
-        return url
+        sim = start_sim_process(
+            max_loras=max_loras, max_cpu_loras=len(adapter_dirs), time_scale=time_scale,
+            lora_modules=adapter_dirs, extra=extra,
+        )  # fmt: skip
+        processes[sim.url] = sim.proc
+        return sim.url
 
     return start
 
@@ -59,31 +55,11 @@ def start_router(processes: dict[str, RunningProcess]) -> StartRouter:
     """Start ``lorapool router`` in front of ``backends``; returns its URL."""
 
     def start(backends: Sequence[str], *, policy: str = "affinity", extra: Sequence[str] = ()) -> str:
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        cmd = [sys.executable, "-m", "lorapool.cli", "router", "--port", str(port)]
-        for backend in backends:
-            cmd += ["--backend", backend]
-        cmd += ["--policy", policy, "--poll-interval", "0.2", "--backend-header", *extra]
-        processes[url] = start_process(cmd, f"{url}/livez", timeout=60)
-        return url
+        router = start_router_process(
+            backends, policy=policy, extra=["--poll-interval", "0.2", "--backend-header", *extra]
+        )
+        processes[router.url] = router.proc
+        return router.url
 
     return start
 
-
-def scrape(url: str) -> str:
-    """The text of ``url``/metrics."""
-    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
-        return resp.read().decode()
-
-
-def metric(page: str, name: str, **labels: str) -> float:
-    """Sum of the samples of ``name`` whose labels include ``labels`` (0 when absent)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    total = 0.0
-    for family in text_string_to_metric_families(page):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                total += sample.value
-    return total

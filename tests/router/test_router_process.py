@@ -12,8 +12,11 @@ import openai
 import pytest
 
 from lorapool.testing.processes import free_port
+from lorapool.testing.scrape import metric_value as metric
+from lorapool.testing.scrape import scrape
+from lorapool.testing.wait import wait_until
 
-from .conftest import BASE, StartRouter, StartSim, metric, scrape
+from .conftest import BASE, StartRouter, StartSim
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -61,10 +64,10 @@ def test_completions_and_chat_through_the_router(start_sim: StartSim, start_rout
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         api.completions.create(model="no-such-adapter", prompt="x", max_tokens=1)
 
-    page = scrape(router)
-    assert metric(page, "lorapool_router_requests_total", model="sql", code="200") == 1
-    assert metric(page, "lorapool_router_requests_total", model="unknown", code="404") == 1
-    assert metric(page, "lorapool_router_time_to_first_token_seconds_count") == 2
+    # counted as each response ends, which the client may see first: wait for the counts
+    counted(router, "lorapool_router_requests_total", 1, model="sql", code="200")
+    counted(router, "lorapool_router_requests_total", 1, model="unknown", code="404")
+    counted(router, "lorapool_router_time_to_first_token_seconds_count", 2)
 
 
 def test_affinity_groups_an_adapter_on_one_backend(start_sim: StartSim, start_router: StartRouter) -> None:
@@ -151,9 +154,18 @@ def test_backend_dying_mid_stream_gives_a_clean_error(
     for adapter in ("sql", "chat"):
         resp = api.completions.with_raw_response.create(model=adapter, prompt="x", max_tokens=1)
         assert resp.headers["x-lorapool-backend"] == survivor
-    page = scrape(router)
-    assert metric(page, "lorapool_router_backend_up", backend=victim) == 0
-    assert metric(page, "lorapool_router_upstream_failures_total") == 1
+    counted(router, "lorapool_router_backend_up", 0, backend=victim)
+    counted(router, "lorapool_router_upstream_failures_total", 1)
+
+
+def counted(router: str, name: str, expected: float, **labels: str) -> None:
+    """Wait until the router's metric ``name`` reads ``expected`` (it is updated as responses end)."""
+    wait_until(
+        f"{name}{labels or ''} == {expected:g}",
+        lambda: metric(scrape(router), name, **labels) == expected,
+        10,
+        describe=lambda: metric(scrape(router), name, **labels),
+    )
 
 
 def _running(url: str) -> float:
@@ -179,12 +191,13 @@ def test_client_disconnect_cancels_the_upstream_request(start_sim: StartSim, sta
             assert chunk, "the router closed the stream"
             received += chunk
         assert _running(sim) == 1
-    deadline = time.monotonic() + 20
-    while _running(sim) != 0:
-        assert time.monotonic() < deadline, "the simulator kept generating for a client that left"
-        time.sleep(0.1)
-    page = scrape(router)
-    assert metric(page, "lorapool_router_backend_inflight") == 0
+    wait_until("the simulator to stop generating for a client that left", lambda: _running(sim) == 0, 20)
+    wait_until(
+        "the router to count nothing in flight",
+        lambda: metric(scrape(router), "lorapool_router_backend_inflight") == 0,
+        10,
+        describe=lambda: scrape(router),
+    )
 
 
 def test_a_request_waits_for_a_slot_then_binds(start_sim: StartSim, start_router: StartRouter) -> None:

@@ -4,14 +4,15 @@ read them. Imported by name from the sidecar tests (tests are not a package)."""
 from __future__ import annotations
 
 import json
-import sys
-import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lorapool.testing.processes import RunningProcess, free_port, start_process
+from lorapool.testing.components import start_sidecar as start_sidecar_process
+from lorapool.testing.components import start_sim as start_sim_process
+from lorapool.testing.processes import RunningProcess
+from lorapool.testing.scrape import samples
+from lorapool.testing.wait import WaitTimeout, wait_until
 
 BASE_MODEL = "meta-llama/Meta-Llama-3-8B-Instruct"
 
@@ -26,44 +27,16 @@ def get_text(url: str, timeout: float = 2.0) -> str:
         return str(resp.read().decode())
 
 
-def eventually(check: Callable[[], Any], *, timeout: float = 15.0, what: str = "condition") -> Any:
-    """Poll ``check`` until it returns a truthy value; fail with the last value or error."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-            if last:
-                return last
-        except (OSError, KeyError, ValueError) as exc:
-            last = exc
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+# what a check may raise while the sidecar or the engine is still getting there
+NOT_YET = (OSError, KeyError, ValueError)
 
 
 def start_sim(port: int, *, max_lora_rank: int = 64) -> RunningProcess:
-    cmd = [
-        sys.executable,
-        "-m",
-        "lorapool.cli",
-        "sim",
-        "--port",
-        str(port),
-        "--served-model-name",
-        BASE_MODEL,
-        "--enable-lora",
-        "--max-loras",
-        "4",
-        "--max-cpu-loras",
-        "8",
-        "--max-lora-rank",
-        str(max_lora_rank),
-        "--time-scale",
-        "0",
-    ]
-    return start_process(
-        cmd, f"http://127.0.0.1:{port}/health", timeout=30, env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "true"}
-    )
+    sim = start_sim_process(
+        port=port, served_model_name=BASE_MODEL, max_loras=4, max_cpu_loras=8, max_lora_rank=max_lora_rank,
+        time_scale=0, timeout_s=30,
+    )  # fmt: skip
+    return sim.proc
 
 
 class Sidecar:
@@ -91,45 +64,23 @@ class Sidecar:
             return None
 
         try:
-            return dict(eventually(check, timeout=timeout, what=f"{name} {phase} {fields}"))
-        except AssertionError as exc:
+            return dict(wait_until(f"{name} {phase} {fields}", check, timeout, retry_on=NOT_YET))
+        except WaitTimeout as exc:
             raise AssertionError(
                 f"{exc}\nstatus: {json.dumps(self.status(), indent=1)}\n{self.proc.output()[-3000:]}"
             ) from None
 
 
 def start_sidecar(config: Path, engine_port: int, adapter_dir: Path, *extra: str) -> Sidecar:
-    port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "lorapool.cli",
-        "sidecar",
-        "--config",
-        str(config),
-        "--engine",
-        f"http://127.0.0.1:{engine_port}",
-        "--adapter-dir",
-        str(adapter_dir),
-        "--status-port",
-        str(port),
-        "--config-poll-seconds",
-        "0.2",
-        "--health-poll-seconds",
-        "0.2",
-        "--resync-seconds",
-        "1",
-        "--backoff-base-seconds",
-        "0.3",
-        "--backoff-cap-seconds",
-        "1.5",
-        "--http-timeout-seconds",
-        "3",
-        "--seed",
-        "1",
-        *extra,
-    ]
-    return Sidecar(start_process(cmd, f"http://127.0.0.1:{port}/healthz", timeout=30), port, adapter_dir)
+    fast = [
+        "--config-poll-seconds", "0.2", "--health-poll-seconds", "0.2", "--resync-seconds", "1",
+        "--backoff-base-seconds", "0.3", "--backoff-cap-seconds", "1.5", "--http-timeout-seconds", "3",
+        "--seed", "1",
+    ]  # fmt: skip
+    sidecar = start_sidecar_process(
+        config=config, engine_url=f"http://127.0.0.1:{engine_port}", adapter_dir=adapter_dir, extra=[*fast, *extra]
+    )
+    return Sidecar(sidecar.proc, sidecar.port, adapter_dir)
 
 
 def adapter_set(adapters: list[dict[str, Any]], *, max_lora_rank: int = 16) -> str:
@@ -175,9 +126,7 @@ def engine_adapters(port: int) -> dict[str, str]:
 
 def metric_samples(text: str, name: str) -> dict[str, float]:
     """Samples of one Prometheus metric: label string (``reason="rank"`` or "") -> value."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            head, _, value = line.rpartition(" ")
-            out[head[len(name) :].strip("{}")] = float(value)
-    return out
+    return {
+        ",".join(f'{key}="{value}"' for key, value in labels.items()): value
+        for labels, value in samples(text).get(name, [])
+    }

@@ -10,7 +10,6 @@ import hashlib
 import json
 import os
 import signal
-import sys
 import tarfile
 import threading
 import urllib.request
@@ -20,18 +19,20 @@ import pytest
 from loopback_http import LoopbackServer
 from sidecar_procs import (
     BASE_MODEL,
+    NOT_YET,
     ConfigMapDir,
     adapter_set,
     engine_adapters,
-    eventually,
     metric_samples,
     start_sidecar,
     start_sim,
 )
 from source_helpers import make_tar, tar_of_dir
 
+from lorapool.testing.components import start_sim as start_sim_process
 from lorapool.testing.peft import write_peft_adapter
-from lorapool.testing.processes import RunningProcess, free_port, start_process
+from lorapool.testing.processes import RunningProcess
+from lorapool.testing.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -93,31 +94,39 @@ def test_add_hot_swap_remove_and_adopt(
 
         def watch() -> None:
             while not stop.is_set():
-                seen = engine_adapters(engine_port)
+                try:
+                    seen = engine_adapters(engine_port)
+                except OSError as exc:  # reported by the assertion below, not as a stray thread error
+                    missing.append({"error": repr(exc)})
+                    continue
                 if "sql" not in seen:
                     missing.append(seen)
 
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
-        cfg.write(
-            adapter_set(
-                [
-                    {"name": "sql", "source": url_a2, "revision": "v2", "sha256": sha_a2},
-                    {"name": "chat", "source": url_b, "sha256": sha_b},
-                ]
+        try:
+            cfg.write(
+                adapter_set(
+                    [
+                        {"name": "sql", "source": url_a2, "revision": "v2", "sha256": sha_a2},
+                        {"name": "chat", "source": url_b, "sha256": sha_b},
+                    ]
+                )
             )
-        )
-        eventually(lambda: engine_adapters(engine_port).get("sql") not in (None, old_root), what="hot swap")
-        stop.set()
-        watcher.join(5)
+            wait_until(
+                "hot swap", lambda: engine_adapters(engine_port).get("sql") not in (None, old_root), retry_on=NOT_YET
+            )
+        finally:
+            stop.set()
+            watcher.join(10)
         assert missing == []
         sidecar.wait_phase("sql", "Loaded", revision="v2")
         assert not Path(old_root).exists()  # the old revision's files are collected after the swap
 
         # Remove an adapter: unloaded from the engine, its files and pointer deleted.
         cfg.write(adapter_set([{"name": "sql", "source": url_a2, "revision": "v2", "sha256": sha_a2}]))
-        eventually(lambda: set(engine_adapters(engine_port)) == {"sql"}, what="chat unloaded")
-        eventually(lambda: "chat" not in sidecar.adapters(), what="chat forgotten")
+        wait_until("chat unloaded", lambda: set(engine_adapters(engine_port)) == {"sql"}, retry_on=NOT_YET)
+        wait_until("chat forgotten", lambda: "chat" not in sidecar.adapters(), retry_on=NOT_YET)
         assert not (adapters / "chat").exists()
         assert len(list((adapters / ".store").iterdir())) == 1
         assert metric_samples(sidecar.metrics(), "lorapool_sidecar_unloads_total") == {"": 1.0}
@@ -190,7 +199,7 @@ def test_bad_adapters_fail_with_fix_it_messages_and_never_block_the_good_one(
         assert set(engine_adapters(engine_port)) == {"good"}
         assert sidecar.adapters()["high"]["rank"] == 64  # the rank read from the adapter is shown
         assert not list(tmp_path.rglob("pwned")) and not (tmp_path / "escape").exists()
-        eventually(lambda: sidecar.adapters()["high"]["attempts"] >= 2, what="retries with backoff")
+        wait_until("retries with backoff", lambda: sidecar.adapters()["high"]["attempts"] >= 2, retry_on=NOT_YET)
         failures = metric_samples(sidecar.metrics(), "lorapool_sidecar_failures_total")
         for reason in ("checksum", "rank", "unservable", "base-model", "unsafe", "invalid"):
             assert failures.get(f'reason="{reason}"', 0) >= 1, (reason, failures)
@@ -207,9 +216,10 @@ def test_source_down_backs_off_then_recovers(
     config.write_text(adapter_set([{"name": "flaky", "source": url}]))
     sidecar = start_sidecar(config, engine_port, tmp_path / "adapters")
     try:
-        failing = eventually(
+        failing = wait_until(
+            "retries visible in /status",
             lambda: (a := sidecar.adapters().get("flaky")) and a["attempts"] >= 2 and a["nextRetryAt"] and a,
-            what="retries visible in /status",
+            retry_on=NOT_YET,
         )
         assert failing["phase"] == "Failed" and "HTTP 503" in failing["error"] and "retrying" in failing["error"]
         files.down_status = None
@@ -229,26 +239,28 @@ def test_waits_for_the_engine_and_reloads_everything_after_an_engine_restart(
     config.write_text(adapter_set([{"name": n, "source": u} for n, u in zip(["one", "two"], urls, strict=True)]))
     sidecar = start_sidecar(config, engine_port, tmp_path / "adapters")
     try:
-        eventually(lambda: sidecar.status()["engine"]["healthy"] is False, what="engine down at start")
+        wait_until("engine down at start", lambda: sidecar.status()["engine"]["healthy"] is False, retry_on=NOT_YET)
         assert {a["phase"] for a in sidecar.status()["adapters"]} <= {"Pending"}
         with start_sim(engine_port):
             sidecar.wait_phase("one", "Loaded")
             sidecar.wait_phase("two", "Loaded")
-        eventually(lambda: sidecar.status()["engine"]["healthy"] is False, what="engine seen down")
+        wait_until("engine seen down", lambda: sidecar.status()["engine"]["healthy"] is False, retry_on=NOT_YET)
         with start_sim(engine_port):
-            eventually(lambda: set(engine_adapters(engine_port)) == {"one", "two"}, what="reloaded after restart")
+            wait_until(
+                "reloaded after restart", lambda: set(engine_adapters(engine_port)) == {"one", "two"}, retry_on=NOT_YET
+            )
             assert sidecar.status()["engine"]["restarts"] == 1
             sidecar.wait_phase("one", "Loaded")
         # A restart fast enough to slip between health probes is caught by /v1/models losing adapters.
         sim = start_sim(engine_port)
         try:
-            eventually(lambda: set(engine_adapters(engine_port)) == {"one", "two"}, what="loaded again")
+            wait_until("loaded again", lambda: set(engine_adapters(engine_port)) == {"one", "two"}, retry_on=NOT_YET)
             sim.popen.send_signal(signal.SIGKILL)
             sim.popen.wait(10)
         finally:
             sim.close()
         with start_sim(engine_port):
-            eventually(lambda: set(engine_adapters(engine_port)) == {"one", "two"}, what="reloaded again")
+            wait_until("reloaded again", lambda: set(engine_adapters(engine_port)) == {"one", "two"}, retry_on=NOT_YET)
             assert sidecar.status()["engine"]["restarts"] >= 2
             assert metric_samples(sidecar.metrics(), "lorapool_sidecar_engine_restarts_total")[""] >= 2
     finally:
@@ -267,19 +279,21 @@ def test_bad_config_keeps_the_last_good_set_and_sighup_rereads(
         sidecar.wait_phase("keep", "Loaded")
         cfg.write("{ this is not json")
         os.kill(sidecar.proc.pid, signal.SIGHUP)
-        error = eventually(lambda: sidecar.status()["config"]["error"], what="config error")
+        error = wait_until("config error", lambda: sidecar.status()["config"]["error"], retry_on=NOT_YET)
         assert "not valid JSON" in error and "keeping the last good set of 1 adapters" in error
         assert set(engine_adapters(engine_port)) == {"keep"}
         sidecar.wait_phase("keep", "Loaded")
 
         cfg.write(adapter_set([], max_lora_rank=0))  # valid JSON, invalid document
         os.kill(sidecar.proc.pid, signal.SIGHUP)
-        eventually(lambda: "maxLoraRank" in (sidecar.status()["config"]["error"] or ""), what="schema error")
+        wait_until(
+            "schema error", lambda: "maxLoraRank" in (sidecar.status()["config"]["error"] or ""), retry_on=NOT_YET
+        )
         assert set(engine_adapters(engine_port)) == {"keep"}
 
         cfg.write(adapter_set([]))
         os.kill(sidecar.proc.pid, signal.SIGHUP)
-        eventually(lambda: engine_adapters(engine_port) == {}, what="unloaded by the fixed config")
+        wait_until("unloaded by the fixed config", lambda: engine_adapters(engine_port) == {}, retry_on=NOT_YET)
         assert sidecar.status()["config"]["error"] is None
         assert "lorapool_sidecar_config_errors_total 2.0" in sidecar.metrics()
     finally:
@@ -290,20 +304,9 @@ def test_engine_without_the_runtime_lora_api_is_explained(tmp_path: Path, files:
     url, _ = _publish(files, tmp_path, "one")
     config = tmp_path / "adapters.json"
     config.write_text(adapter_set([{"name": "one", "source": url}]))
-    port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "lorapool.cli",
-        "sim",
-        "--port",
-        str(port),
-        "--served-model-name",
-        BASE_MODEL,
-        "--enable-lora",
-    ]
-    env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "false"}
-    with start_process(cmd, f"http://127.0.0.1:{port}/health", timeout=30, env=env):
+    no_runtime_api = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "false"}
+    with start_sim_process(served_model_name=BASE_MODEL, env=no_runtime_api, timeout_s=30) as sim:
+        port = sim.port
         sidecar = start_sidecar(config, port, tmp_path / "adapters")
         try:
             failed = sidecar.wait_phase("one", "Failed")

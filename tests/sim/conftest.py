@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import sys
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,8 +13,9 @@ from typing import Any
 import openai
 import pytest
 
+from lorapool.testing.components import start_sim as start_sim_process
 from lorapool.testing.peft import write_peft_adapter
-from lorapool.testing.processes import RunningProcess, free_port, start_process
+from lorapool.testing.processes import RunningProcess
 
 
 @dataclass
@@ -67,20 +67,15 @@ def adapters(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     return make
 
 
-def _start(args: Sequence[str], env: Mapping[str, str]) -> Sim:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "lorapool.cli", "sim", "--port", str(port), *args]
-    return Sim(url, start_process(cmd, f"{url}/health", timeout=60, env=env))
-
-
 @pytest.fixture(scope="module")
 def start_sim() -> Iterator[StartSim]:
     """Start simulators for a test module; runtime LoRA updating is on unless ``env`` says otherwise."""
     started: list[Sim] = []
 
     def start(*args: str, env: Mapping[str, str] | None = None) -> Sim:
-        sim = _start(args, {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", **(env or {})})
+        # raw flags (tests check the simulator's own parsing); runtime LoRA updating on by default
+        component = start_sim_process(enable_lora=False, extra=args, env=env)
+        sim = Sim(component.url, component.proc)
         started.append(sim)
         return sim
 

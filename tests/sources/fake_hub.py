@@ -44,6 +44,12 @@ class FakeHub:
             def log_message(self, *args: object) -> None:
                 pass
 
+            def end_headers(self) -> None:
+                # One request per connection: a pooled keep-alive connection would hold a server
+                # thread open past the test that made it (the leak plugin fails such a test).
+                self.send_header("Connection", "close")
+                super().end_headers()
+
             def do_HEAD(self) -> None:
                 self._serve(body=False)
 

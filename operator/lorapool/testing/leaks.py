@@ -28,6 +28,9 @@ import pytest
 from lorapool.testing.wait import WaitTimeout, wait_until
 
 THREAD_GRACE_S = 5.0
+# Process-lifetime daemons that libraries start on first use, not owned by any test:
+# tqdm's monitor (huggingface_hub's progress bars) lives until the interpreter exits.
+LIBRARY_THREADS = frozenset({"tqdm_monitor"})
 _PROC = Path("/proc")
 _started_in_call = pytest.StashKey[set[threading.Thread]]()
 _baseline = pytest.StashKey[set[int]]()
@@ -45,7 +48,9 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
     try:
         return (yield)
     finally:
-        item.stash[_started_in_call] = {t for t in threading.enumerate() if t not in before}
+        item.stash[_started_in_call] = {
+            t for t in threading.enumerate() if t not in before and t.name not in LIBRARY_THREADS
+        }
 
 
 @pytest.hookimpl(wrapper=True)
