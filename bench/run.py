@@ -19,7 +19,6 @@ import platform
 import shlex
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -37,19 +36,14 @@ ADAPTERS = "/tmp/lorapool-bench-adapters"  # PEFT dirs, written once and reused 
 
 def scrape_sims(urls: list[str]) -> dict[str, float]:
     """Sum the simulators' LoRA load counters (by source) and stall seconds."""
-    from prometheus_client.parser import text_string_to_metric_families
+    from lorapool.testing.scrape import metric_value, samples, scrape
 
     totals: dict[str, float] = {"cpu": 0.0, "disk": 0.0, "stall_s": 0.0}
     for url in urls:
-        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
-            page = resp.read().decode()
-        for family in text_string_to_metric_families(page):
-            for sample in family.samples:
-                if sample.name == "sim:lora_loads_total":
-                    source = sample.labels.get("from", "")
-                    totals[source] = totals.get(source, 0.0) + sample.value
-                elif sample.name == "sim:lora_load_stall_seconds_total":
-                    totals["stall_s"] += sample.value
+        page = scrape(url, timeout_s=10)
+        for labels, value in samples(page).get("sim:lora_loads_total", []):
+            totals[labels.get("from", "")] = totals.get(labels.get("from", ""), 0.0) + value
+        totals["stall_s"] += metric_value(page, "sim:lora_load_stall_seconds_total")
     return totals
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.loadgen import adapter_name
+from lorapool.testing.components import start_router, start_sim
 from lorapool.testing.peft import write_peft_adapter
 from lorapool.testing.processes import RunningProcess, free_port, start_process
 
@@ -51,19 +51,14 @@ def write_adapters(root: Path, count: int) -> list[tuple[str, Path]]:
 def sim_fleet(spec: FleetSpec, adapter_root: Path) -> Iterator[list[str]]:
     """Start the replicas in parallel, each serving every adapter; yield their URLs."""
     adapters = write_adapters(adapter_root, spec.adapters)
-    modules = [f"{name}={path}" for name, path in adapters]
 
     def start(i: int) -> tuple[str, RunningProcess]:
-        port = free_port()
-        cmd = [
-            sys.executable, "-m", "lorapool.cli", "sim", "--port", str(port),
-            "--enable-lora", "--max-loras", str(spec.max_loras),
-            "--max-cpu-loras", str(spec.max_cpu_loras), "--max-lora-rank", "8",
-            "--max-num-seqs", str(spec.max_num_seqs), "--time-scale", str(spec.time_scale),
-            "--seed", str(spec.seed + i), "--log-level", "WARNING", "--lora-modules", *modules,
-        ]  # fmt: skip
-        url = f"http://127.0.0.1:{port}"
-        return url, start_process(cmd, f"{url}/health", timeout=180)
+        sim = start_sim(
+            max_loras=spec.max_loras, max_cpu_loras=spec.max_cpu_loras, max_lora_rank=8,
+            max_num_seqs=spec.max_num_seqs, time_scale=spec.time_scale, seed=spec.seed + i, log_level="WARNING",
+            lora_modules=dict(adapters), timeout_s=180,
+        )  # fmt: skip
+        return sim.url, sim.proc
 
     with ExitStack() as stack, ThreadPoolExecutor(spec.replicas) as pool:
         futures = [pool.submit(start, i) for i in range(spec.replicas)]
@@ -116,14 +111,8 @@ class System:
 
 @contextmanager
 def lorapool_router(backends: Sequence[str], policy: str, args: Sequence[str] = ()) -> Iterator[str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "lorapool.cli", "router", "--port", str(port), "--policy", policy]
-    cmd += ["--log-level", "WARNING", *args]
-    for b in backends:
-        cmd += ["--backend", b]
-    url = f"http://127.0.0.1:{port}"
-    with start_process(cmd, f"{url}/health", timeout=60):
-        yield url
+    with start_router(backends, policy=policy, extra=["--log-level", "WARNING", *args], health_path="/health") as router:
+        yield router.url
 
 
 def nginx_binary() -> str:

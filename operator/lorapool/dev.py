@@ -16,8 +16,6 @@ import argparse
 import json
 import os
 import signal
-import sys
-import time
 import urllib.request
 from importlib import resources
 from pathlib import Path
@@ -52,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from lorapool.api.load import parse_object
     from lorapool.cluster import build
     from lorapool.cluster.runtime import LocalCluster
+    from lorapool.testing.components import operator_argv
     from lorapool.testing.processes import free_port, start_process
 
     text = args.filename.read_text() if args.filename else _example()
@@ -78,19 +77,16 @@ def run(args: argparse.Namespace) -> int:
         sa_kubeconfig = cluster.service_account_kubeconfig("lorapool-system", "lorapool-operator")
         _say("Running the operator as ServiceAccount lorapool-system/lorapool-operator")
         metrics, liveness = free_port(), free_port()
-        operator = start_process(
-            [sys.executable, "-m", "lorapool.cli", "operator", "--kubeconfig", str(sa_kubeconfig), "--bind", "127.0.0.1",
-             "--metrics-port", str(metrics), "--liveness-port", str(liveness), "--metadata-timeout-seconds", "3",
-             "--leader-election-namespace", "lorapool-system"],
-            f"http://127.0.0.1:{liveness}/readyz", timeout=60,
-        )
+        argv = operator_argv(kubeconfig=sa_kubeconfig, metrics_port=metrics, liveness_port=liveness,
+                             extra=["--metadata-timeout-seconds", "3"])
+        operator = start_process(argv, f"http://127.0.0.1:{liveness}/readyz", timeout=60)
         processes.append(operator)
         _say(f"Applying LoRAPool {ns}/{name}")
         cluster.kubectl("apply", "-f", "-", input_text=text)
         pool_json = _wait_ready(cluster, ns, name, args.timeout_seconds)
         _report(cluster, pool_json, ns, name)
         if not args.no_data_plane:
-            processes += _data_plane(pool_json, state)
+            _data_plane(pool_json, state, processes)
         if args.once:
             return 0
         print(f"\nPlayground running. KUBECONFIG={cluster.kubeconfig}  Press Ctrl-C to stop.", flush=True)
@@ -103,20 +99,27 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _wait_ready(cluster: Any, ns: str, name: str, timeout_s: float) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    last = ""
-    while time.monotonic() < deadline:
+    from lorapool.testing.wait import WaitTimeout, wait_until
+
+    said = {"message": ""}
+
+    def ready() -> dict[str, Any] | None:
         result = cluster.kubectl("get", "lorapool", name, "-n", ns, "-o", "json", check=False)
-        if result.returncode == 0:
-            pool = json.loads(result.stdout)
-            ready = next((c for c in pool.get("status", {}).get("conditions", []) if c["type"] == "Ready"), {})
-            if ready.get("status") == "True":
-                return dict(pool)
-            if ready.get("message") and ready["message"] != last:
-                last = ready["message"]
-                _say(f"Waiting: {ready.get('reason')}: {last}")
-        time.sleep(1)
-    raise SystemExit(f"lorapool dev: {ns}/{name} was not Ready after {timeout_s:.0f}s: {last}")
+        if result.returncode != 0:
+            return None
+        pool = json.loads(result.stdout)
+        cond = next((c for c in pool.get("status", {}).get("conditions", []) if c["type"] == "Ready"), {})
+        if cond.get("status") == "True":
+            return dict(pool)
+        if cond.get("message") and cond["message"] != said["message"]:
+            said["message"] = cond["message"]
+            _say(f"Waiting: {cond.get('reason')}: {cond['message']}")
+        return None
+
+    try:
+        return wait_until(f"{ns}/{name} Ready", ready, timeout_s, interval_s=0.5, max_interval_s=1.0)
+    except WaitTimeout:
+        raise SystemExit(f"lorapool dev: {ns}/{name} was not Ready after {timeout_s:.0f}s: {said['message']}") from None
 
 
 def _report(cluster: Any, pool: dict[str, Any], ns: str, name: str) -> None:
@@ -141,11 +144,13 @@ def _report(cluster: Any, pool: dict[str, Any], ns: str, name: str) -> None:
     print(f"\nEndpoint in the cluster: {status['endpoint']}")
 
 
-def _data_plane(pool: dict[str, Any], state: Path) -> list[Any]:
-    """One sim + sidecar per replica with the pool's flags, and the router in front."""
+def _data_plane(pool: dict[str, Any], state: Path, procs: list[Any]) -> None:
+    """One sim + sidecar per replica with the pool's flags, and the router in front.
+
+    Each process joins ``procs`` as soon as it runs, so the caller stops it even when a later one fails."""
     from lorapool.api.adapterset import AdapterSet, DesiredAdapter
+    from lorapool.testing.components import start_router, start_sidecar, start_sim
     from lorapool.testing.peft import write_peft_adapter
-    from lorapool.testing.processes import free_port, start_process
 
     spec, plan = pool["spec"], pool["status"]["plan"]
     base = spec["baseModel"]["name"]
@@ -158,46 +163,34 @@ def _data_plane(pool: dict[str, Any], state: Path) -> list[Any]:
     config = state / "adapters.json"
     config.write_text(AdapterSet(pool=pool["metadata"]["name"], base_model=base, max_lora_rank=plan["maxLoraRank"],
                                  adapters=tuple(desired)).to_json())
-    procs: list[Any] = []
     backends = []
-    env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "true"}
     for replica in range(max(1, min(int(spec.get("replicas", 1)), 2))):
-        port, status_port = free_port(), free_port()
-        _say(f"Starting lorapool sim (replica {replica}) on 127.0.0.1:{port} with the pool's flags")
-        procs.append(start_process(
-            [sys.executable, "-m", "lorapool.cli", "sim", "--port", str(port), "--served-model-name", base,
-             "--enable-lora", "--max-loras", str(plan["maxLoras"]), "--max-lora-rank", str(plan["maxLoraRank"]),
-             "--max-cpu-loras", str(plan["maxCpuLoras"]), "--seed", str(replica)],
-            f"http://127.0.0.1:{port}/health", timeout=30, env=env,
-        ))
-        procs.append(start_process(
-            [sys.executable, "-m", "lorapool.cli", "sidecar", "--config", str(config), "--engine",
-             f"http://127.0.0.1:{port}", "--adapter-dir", str(state / f"adapters-{replica}"), "--status-port",
-             str(status_port)],
-            f"http://127.0.0.1:{status_port}/healthz", timeout=30,
-        ))
-        backends.append(f"http://127.0.0.1:{port}")
-    router_port = free_port()
-    backend_args = [arg for url in backends for arg in ("--backend", url)]
-    procs.append(start_process(
-        [sys.executable, "-m", "lorapool.cli", "router", "--port", str(router_port), *backend_args, "--policy",
-         spec.get("router", {}).get("policy", "affinity"), "--max-loras", str(plan["maxLoras"]),
-         "--max-cpu-loras", str(plan["maxCpuLoras"])],
-        f"http://127.0.0.1:{router_port}/health", timeout=30,
-    ))
+        _say(f"Starting lorapool sim (replica {replica}) with the pool's flags")
+        sim = start_sim(
+            served_model_name=base, max_loras=plan["maxLoras"], max_lora_rank=plan["maxLoraRank"],
+            max_cpu_loras=plan["maxCpuLoras"], seed=replica, timeout_s=30,
+        )  # fmt: skip
+        procs.append(sim.proc)
+        procs.append(start_sidecar(config=config, engine_url=sim.url, adapter_dir=state / f"adapters-{replica}").proc)
+        backends.append(sim.url)
+    router = start_router(
+        backends, policy=spec.get("router", {}).get("policy", "affinity"), health_path="/health", timeout_s=30,
+        extra=["--max-loras", str(plan["maxLoras"]), "--max-cpu-loras", str(plan["maxCpuLoras"])],
+    )  # fmt: skip
+    procs.append(router.proc)
+    router_port = router.port
     _say(f"Router on http://127.0.0.1:{router_port}/v1 in front of {len(backends)} sim replica(s)")
     if desired:
         _ask(router_port, desired[0].name, backends)
-    return procs
 
 
 def _ask(router_port: int, adapter: str, backends: list[str]) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # the sidecars load adapters asynchronously
-        loaded = all(adapter in urllib.request.urlopen(f"{b}/v1/models", timeout=5).read().decode() for b in backends)
-        if loaded:
-            break
-        time.sleep(0.5)
+    from lorapool.testing.wait import wait_until
+
+    def loaded_everywhere() -> bool:  # the sidecars load adapters asynchronously
+        return all(adapter in urllib.request.urlopen(f"{b}/v1/models", timeout=5).read().decode() for b in backends)
+
+    wait_until(f"{adapter} loaded on every replica", loaded_everywhere, 60)
     body = json.dumps({"model": adapter, "prompt": "Write a SQL query that counts users.", "max_tokens": 16}).encode()
     request = urllib.request.Request(f"http://127.0.0.1:{router_port}/v1/completions", data=body,
                                      headers={"Content-Type": "application/json"})

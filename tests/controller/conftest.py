@@ -4,7 +4,6 @@ least-privilege ServiceAccount (TokenRequest token), never as cluster admin."""
 from __future__ import annotations
 
 import subprocess
-import sys
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -15,6 +14,7 @@ from typing import Any
 import pytest
 
 from lorapool.cluster import LocalCluster
+from lorapool.testing.components import operator_argv
 from lorapool.testing.processes import free_port
 from lorapool.testing.wait import wait_until
 
@@ -72,29 +72,10 @@ def start_operator(
     def start(*extra: str, wait: bool = True) -> OperatorProcess:
         metrics, liveness = free_port(), free_port()
         log = tmp_path_factory.mktemp("operator") / "operator.log"
-        cmd = [
-            sys.executable,
-            "-m",
-            "lorapool.cli",
-            "operator",
-            "--kubeconfig",
-            str(operator_env),
-            "--bind",
-            "127.0.0.1",
-            "--metrics-port",
-            str(metrics),
-            "--liveness-port",
-            str(liveness),
-            "--resync-seconds",
-            "3",
-            "--metadata-timeout-seconds",
-            "3",
-            "--leader-election-namespace",
-            "lorapool-system",
-            "--image",
-            "lorapool:test",
-            *extra,
-        ]
+        fast = ["--resync-seconds", "3", "--metadata-timeout-seconds", "3", "--image", "lorapool:test"]
+        cmd = operator_argv(
+            kubeconfig=operator_env, metrics_port=metrics, liveness_port=liveness, extra=[*fast, *extra]
+        )
         proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT)
         op = OperatorProcess(proc, metrics, liveness, log)
         started.append(op)

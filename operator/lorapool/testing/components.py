@@ -1,7 +1,7 @@
-"""Start lorapool's own data-plane components as real processes: one command line each.
+"""Start lorapool's own components as real processes: one command line each.
 
 The playground (``lorapool dev``), the benchmark and the process tests all run ``lorapool sim``,
-``lorapool sidecar`` and ``lorapool router`` the way a user would, over loopback. Their flags are
+``lorapool sidecar``, ``lorapool router`` and ``lorapool operator`` the way a user would, over loopback. Their flags are
 built here and nowhere else, so a renamed flag breaks one function, not five call sites.
 
     with start_sim(max_loras=2, lora_modules={"sql": path}) as sim, start_router([sim.url]) as router:
@@ -98,6 +98,17 @@ def router_argv(
     for backend in backends:
         argv += ["--backend", backend]
     return [*argv, *extra]
+
+
+def operator_argv(
+    *, kubeconfig: str | PathLike[str], metrics_port: int, liveness_port: int, extra: Sequence[str] = ()
+) -> list[str]:
+    """``lorapool operator`` on loopback, electing its leader in lorapool-system as the chart does."""
+    return [
+        *LORAPOOL, "operator", "--kubeconfig", str(kubeconfig), "--bind", "127.0.0.1",
+        "--metrics-port", str(metrics_port), "--liveness-port", str(liveness_port),
+        "--leader-election-namespace", "lorapool-system", *extra,
+    ]  # fmt: skip
 
 
 def start_sim(
