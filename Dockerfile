@@ -11,7 +11,10 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 # = lorapool.__version__ (tests/delivery checks it; the build fails when the wheel disagrees)
 ARG VERSION=0.1.0
 
-# --- build: the wheel, then a virtualenv with it and its dependencies -------------------
+# --- build: the wheel, then a virtualenv with it and its runtime dependencies ----------
+# No extras: the image carries what runs in a cluster (operator, router, sidecar, simulator).
+# The `test` extra (cryptography for `lorapool cluster`/`dev`, pytest, ...) and `bench` stay out;
+# list the set without Docker: pip install --dry-run --ignore-installed --report out.json .
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
@@ -19,7 +22,8 @@ COPY pyproject.toml README.md ./
 COPY operator ./operator
 RUN pip wheel --no-deps --wheel-dir /wheels . \
  && python -m venv /opt/venv \
- && /opt/venv/bin/pip install /wheels/lorapool-*.whl
+ && /opt/venv/bin/pip install /wheels/lorapool-*.whl \
+ && /opt/venv/bin/pip check
 
 # --- base of the runtime images: no compilers, no build tools, non-root -----------------
 FROM ${PYTHON_IMAGE} AS runtime-base

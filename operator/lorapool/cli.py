@@ -3,28 +3,71 @@
 Each subcommand lives in its own module, which exposes
 ``configure(parser: argparse.ArgumentParser) -> None`` and
 ``run(args: argparse.Namespace) -> int``. Modules are imported lazily so that
-`lorapool plan` never pays for importing kopf or aiohttp.
+`lorapool plan` never pays for importing kopf or aiohttp. ``cluster`` and ``dev`` are dev
+tooling: their packages (e.g. ``cryptography``) come with the ``test`` extra, not with the
+runtime, and without it they say which extra to install.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-# subcommand -> (module, one-line help)
-COMMANDS: dict[str, tuple[str, str]] = {
-    "plan": ("lorapool.commands.plan", "derive vLLM LoRA flags and the GPU memory budget"),
-    "render": ("lorapool.commands.render", "print every object the operator applies for a pool"),
-    "crds": ("lorapool.commands.crds", "write the CustomResourceDefinitions generated from the API"),
-    "operator": ("lorapool.controller.cli", "run the Kubernetes operator (kopf)"),
-    "sim": ("lorapool.sim.cli", "run the vLLM simulator (a GPU-free stand-in for vllm serve)"),
-    "sidecar": ("lorapool.sidecar.cli", "run the adapter-sync sidecar next to a vLLM engine"),
-    "router": ("lorapool.router.cli", "run the adapter-aware OpenAI router"),
-    "cluster": ("lorapool.cluster.cli", "build and run a local Kubernetes control plane"),
-    "dev": ("lorapool.dev", "start the local playground: control plane, operator, example pool"),
+
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: its module, its one-line help and the extra it needs beyond the runtime."""
+
+    module: str
+    help: str
+    # The optional-dependency group the command needs (its module imports packages that the
+    # image and a plain `pip install lorapool` do not carry); None: runtime dependencies only.
+    extra: str | None = None
+
+
+COMMANDS: dict[str, Command] = {
+    "plan": Command("lorapool.commands.plan", "derive vLLM LoRA flags and the GPU memory budget"),
+    "render": Command("lorapool.commands.render", "print every object the operator applies for a pool"),
+    "crds": Command("lorapool.commands.crds", "write the CustomResourceDefinitions generated from the API"),
+    "operator": Command("lorapool.controller.cli", "run the Kubernetes operator (kopf)"),
+    "sim": Command("lorapool.sim.cli", "run the vLLM simulator (a GPU-free stand-in for vllm serve)"),
+    "sidecar": Command("lorapool.sidecar.cli", "run the adapter-sync sidecar next to a vLLM engine"),
+    "router": Command("lorapool.router.cli", "run the adapter-aware OpenAI router"),
+    "cluster": Command("lorapool.cluster.cli", "build and run a local Kubernetes control plane", extra="test"),
+    "dev": Command("lorapool.dev", "start the local playground: control plane, operator, example pool", extra="test"),
 }
+
+
+def extra_modules(extra: str) -> frozenset[str] | None:
+    """Top-level module names of the extra's packages, from the installed metadata (None when
+    lorapool runs from a source tree without metadata)."""
+    from importlib import metadata
+
+    try:
+        requirements = metadata.requires("lorapool") or []
+    except metadata.PackageNotFoundError:
+        return None
+    marker = re.compile(rf"""extra\s*==\s*["']{re.escape(extra)}["']""")
+    names = (re.match(r"[A-Za-z0-9._-]+", r) for r in requirements if marker.search(r))
+    return frozenset(m.group(0).lower().replace("-", "_").replace(".", "_") for m in names if m)
+
+
+def missing_extra(name: str, exc: ImportError) -> str | None:
+    """The message for a dev-only command whose extra's package is missing, else None."""
+    extra = COMMANDS[name].extra
+    missing = exc.name.split(".")[0] if isinstance(exc, ModuleNotFoundError) and exc.name else None
+    if extra is None or missing is None:
+        return None
+    modules = extra_modules(extra)
+    if modules is not None and missing.lower() not in modules:
+        return None
+    return (
+        f"error: lorapool {name} needs the {extra} extra: pip install 'lorapool[{extra}]' ({missing} is not installed)"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,12 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"lorapool {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (module_name, help_text) in COMMANDS.items():
-        command_parser = sub.add_parser(name, help=help_text, description=help_text)
-        command_parser.set_defaults(_module=module_name)
+    for name, command in COMMANDS.items():
+        command_parser = sub.add_parser(name, help=command.help, description=command.help)
+        command_parser.set_defaults(_module=command.module)
         # Configuring needs the module; a module that fails to import only breaks its own command.
         try:
-            module = importlib.import_module(module_name)
+            module = importlib.import_module(command.module)
         except ImportError as exc:
             command_parser.set_defaults(_import_error=exc)
             continue
@@ -56,10 +99,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     if error := getattr(args, "_import_error", None):
-        print(f"lorapool {args.command}: unavailable: {error}", file=sys.stderr)
+        print(missing_extra(args.command, error) or f"lorapool {args.command}: unavailable: {error}", file=sys.stderr)
         return 1
     module = importlib.import_module(args._module)
-    return int(module.run(args) or 0)
+    try:
+        return int(module.run(args) or 0)
+    except ModuleNotFoundError as exc:
+        # Dev-only commands import their extra's packages lazily, inside run.
+        if message := missing_extra(args.command, exc):
+            print(message, file=sys.stderr)
+            return 1
+        raise
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import tomllib
 import venv
 import zipfile
 from dataclasses import dataclass, field
+from importlib import metadata as importlib_metadata
 from pathlib import Path
 
 import pytest
@@ -217,3 +218,78 @@ def test_installed_wheel_runs_lorapool_and_finds_its_data(wheel: Path, tmp_path:
         subprocess.run(
             [env_dir / "bin" / "lorapool", command, "--help"], capture_output=True, check=True, timeout=60, env=user_env
         )
+
+
+def test_the_image_installs_the_wheel_without_extras() -> None:
+    """The build stage installs the bare wheel: runtime dependencies only, checked by pip."""
+    runs = " ".join(BY_NAME["build"].all("RUN"))
+    assert re.findall(r"pip install (\S+)", runs) == ["/wheels/lorapool-*.whl"], runs
+    assert "/opt/venv/bin/pip check" in runs
+
+
+def requirement_names(requirements: list[str]) -> set[str]:
+    return {re.split(r"[\s<>=!~;\[]", r, maxsplit=1)[0].lower().replace("_", "-") for r in requirements}
+
+
+def closure(names: set[str]) -> set[str]:
+    """The distributions ``names`` pull in (installed metadata; extras' requirements left out)."""
+    seen: set[str] = set()
+    todo = list(names)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            requires = importlib_metadata.requires(name) or []
+        except importlib_metadata.PackageNotFoundError:
+            continue
+        todo += requirement_names([r for r in requires if "extra ==" not in r])
+    return seen
+
+
+DEV_TOOLING = ("lorapool.cluster", "lorapool.testing", "lorapool.dev", "lorapool.sim.loadgen", "lorapool.engine")
+
+
+def test_runtime_dependencies_are_what_runtime_code_imports_and_dev_tooling_has_its_own() -> None:
+    """Every runtime dependency is imported by code that runs in a cluster, and a package only
+    dev tooling imports (cryptography: the local control plane's PKI) is in the test extra,
+    never in the runtime (so never in the image)."""
+    import grimp
+
+    graph = grimp.build_graph("lorapool", include_external_packages=True)
+    dists = {
+        m: {d.lower().replace("_", "-") for d in ds} for m, ds in importlib_metadata.packages_distributions().items()
+    }
+
+    def third_party(modules: set[str]) -> set[str]:
+        imported = {i for m in modules for i in graph.find_modules_directly_imported_by(m)}
+        return {d for i in imported if not i.startswith("lorapool") for d in dists.get(i.split(".")[0], ())}
+
+    package = {m for m in graph.modules if m.startswith("lorapool")}
+    dev = {m for m in package if m.startswith(DEV_TOOLING)}
+    runtime_imports, dev_imports = third_party(package - dev), third_party(dev)
+    runtime = requirement_names(PYPROJECT["project"]["dependencies"])
+    test_extra = requirement_names(PYPROJECT["project"]["optional-dependencies"]["test"])
+    assert runtime <= runtime_imports, f"runtime dependencies nothing in a cluster imports: {runtime - runtime_imports}"
+    dev_only = dev_imports - runtime_imports - {"lorapool"}
+    assert "cryptography" in dev_only
+    assert not dev_only & runtime, f"dev-only packages in the runtime dependencies: {dev_only & runtime}"
+    installed_with_test = closure(runtime | test_extra)
+    assert dev_only <= installed_with_test, f"`pip install lorapool[test]` lacks: {dev_only - installed_with_test}"
+
+
+@pytest.mark.parametrize("command", [["cluster", "up", "--kubeconfig", "{tmp}/kubeconfig"], ["dev", "--once"]])
+def test_dev_commands_without_the_test_extra_say_which_extra_to_install(command: list[str], tmp_path: Path) -> None:
+    """With cryptography missing (as after `pip install lorapool`), the dev-only commands stop at
+    once with the extra to install; nothing is built or started."""
+    argv = [a.format(tmp=tmp_path) for a in command]
+    hide = "import sys; sys.modules['cryptography'] = None; from lorapool.cli import main; sys.exit(main(sys.argv[1:]))"
+    result = subprocess.run(
+        [sys.executable, "-c", hide, *argv], capture_output=True, text=True, timeout=60, cwd=tmp_path, check=False
+    )
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert result.stderr.strip() == (
+        f"error: lorapool {command[0]} needs the test extra: pip install 'lorapool[test]' (cryptography is not installed)"
+    )
+    assert not list(tmp_path.iterdir())
