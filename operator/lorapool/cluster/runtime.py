@@ -16,7 +16,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -34,6 +33,8 @@ import yaml
 from lorapool.cluster import build, manifests, pki
 from lorapool.cluster.manifests import DEFAULT_NODES, FakeNode, Layout, Ports
 from lorapool.cluster.versions import binary, cache_root
+from lorapool.testing.processes import free_ports
+from lorapool.testing.wait import WaitTimeout, wait_until
 
 log = logging.getLogger("lorapool.cluster")
 
@@ -108,15 +109,6 @@ def _decode(raw: bytes) -> Any:
         return json.loads(raw)
     except ValueError:
         return raw.decode(errors="replace")
-
-
-def _free_ports(count: int) -> list[int]:
-    """Ports the kernel hands out on 127.0.0.1, all held at once so they are distinct."""
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in socks]
 
 
 def _write(path: Path, data: bytes | str, mode: int = 0o644) -> None:
@@ -344,7 +336,7 @@ class LocalCluster:
         for directory in (layout.pki, layout.logs, layout.kubeconfigs):
             directory.mkdir(parents=True, exist_ok=True)
         layout.pki.chmod(0o700)
-        self.ports = ports = Ports(*_free_ports(5))
+        self.ports = ports = Ports(*free_ports(5))
         self._write_pki()
         self._write_kubeconfigs()
         stages = layout.root / "stages.yaml"
@@ -455,21 +447,23 @@ class LocalCluster:
 
     def _wait(self, what: str, deadline: float, done: Callable[[], bool]) -> None:
         began = time.monotonic()
-        while True:
+
+        def check() -> bool:
             for proc in self._procs.values():
-                if not proc.alive():
+                if not proc.alive():  # not retried: a dead component will not come back by itself
                     raise ClusterError(
                         f"{proc.name} exited while waiting for {what}; last lines of {proc.log}:\n{proc.log_tail()}"
                     )
-            if done():
-                log.info("Observed %s seconds=%.1f", what, time.monotonic() - began)
-                return
-            if time.monotonic() > deadline:
-                tails = "\n".join(f"--- {p.log}\n{p.log_tail(10)}" for p in self._procs.values())
-                raise ClusterError(
-                    f"timed out after {self.timeout_s:.0f}s waiting for {what}; component logs:\n{tails}"
-                )
-            time.sleep(0.25)
+            return done()
+
+        try:
+            wait_until(what, check, max(0.0, deadline - began), interval_s=0.1)
+        except WaitTimeout:
+            tails = "\n".join(f"--- {p.log}\n{p.log_tail(10)}" for p in self._procs.values())
+            raise ClusterError(
+                f"timed out after {self.timeout_s:.0f}s waiting for {what}; component logs:\n{tails}"
+            ) from None
+        log.info("Observed %s seconds=%.1f", what, time.monotonic() - began)
 
     def _api(self) -> _Api:
         return _Api(self.server, self.layout.cert("ca"), self.layout.cert("admin"), self.layout.key("admin"))
@@ -554,9 +548,8 @@ def _terminate(proc: _Process, grace_s: float = 10.0) -> None:
         return
     with contextlib.suppress(ProcessLookupError):
         os.kill(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while proc.alive() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    with contextlib.suppress(WaitTimeout):
+        wait_until(f"{proc.name} to exit", lambda: not proc.alive(), grace_s)
     if proc.alive():
         log.warning("Killed %s pid=%d reason=%s", proc.name, proc.pid, "no exit after SIGTERM")
         with contextlib.suppress(ProcessLookupError):

@@ -13,16 +13,18 @@ A process that exits early or never becomes healthy raises ``ProcessError`` with
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+
+from lorapool.testing.wait import WaitTimeout, wait_until
 
 _OUTPUT_TAIL_CHARS = 4000
 
@@ -33,9 +35,16 @@ class ProcessError(RuntimeError):
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nobody listens on right now (another process may still take it first)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1, host)[0]
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct free ports: the kernel hands them out while all are held at once."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
+        for sock in socks:
+            sock.bind((host, 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
 
 
 class RunningProcess:
@@ -109,21 +118,23 @@ def start_process(
             list(cmd), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env, cwd=cwd
         )
     proc = RunningProcess(cmd, popen, log_path)
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def healthy() -> bool:
         code = popen.poll()
-        if code is not None:
+        if code is not None:  # not retried: report the exit with the process's own words
             tail = proc._tail()
             proc.close()
             raise ProcessError(f"{' '.join(cmd)} exited with code {code} before {health_url} answered:\n{tail}")
-        if _healthy(health_url):
-            return proc
-        if time.monotonic() > deadline:
-            proc.stop()
-            tail = proc._tail()
-            proc.close()
-            raise ProcessError(f"{' '.join(cmd)}: {health_url} did not answer 200 within {timeout} s:\n{tail}")
-        time.sleep(0.05)
+        return _healthy(health_url)
+
+    try:
+        wait_until(f"{health_url} to answer 200", healthy, timeout, interval_s=0.05, max_interval_s=0.2)
+    except WaitTimeout:
+        proc.stop()
+        tail = proc._tail()
+        proc.close()
+        raise ProcessError(f"{' '.join(cmd)}: {health_url} did not answer 200 within {timeout} s:\n{tail}") from None
+    return proc
 
 
 def _healthy(url: str) -> bool:
