@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from lorapool.api.common import RouterPolicy
 from lorapool.testing.components import start_router as start_router_process
 from lorapool.testing.components import start_sim as start_sim_process
 from lorapool.testing.peft import write_peft_adapter
@@ -54,7 +55,7 @@ def start_sim(processes: dict[str, RunningProcess], adapter_dirs: dict[str, Path
 def start_router(processes: dict[str, RunningProcess]) -> StartRouter:
     """Start ``lorapool router`` in front of ``backends``; returns its URL."""
 
-    def start(backends: Sequence[str], *, policy: str = "affinity", extra: Sequence[str] = ()) -> str:
+    def start(backends: Sequence[str], *, policy: str = RouterPolicy.AFFINITY, extra: Sequence[str] = ()) -> str:
         router = start_router_process(
             backends, policy=policy, extra=["--poll-interval", "0.2", "--backend-header", *extra]
         )
@@ -62,4 +63,3 @@ def start_router(processes: dict[str, RunningProcess]) -> StartRouter:
         return router.url
 
     return start
-

@@ -11,6 +11,7 @@ from urllib.parse import urlparse
 import openai
 import pytest
 
+from lorapool.api.common import RouterPolicy
 from lorapool.testing.processes import free_port
 from lorapool.testing.scrape import metric_value as metric
 from lorapool.testing.scrape import scrape
@@ -123,7 +124,7 @@ def test_requests_fail_over_when_a_backend_is_killed(
 ) -> None:
     first, second = start_sim(time_scale=0), start_sim(time_scale=0)
     # Round-robin is sure to try the dead one; a slow poll leaves the discovery to requests.
-    router = start_router([first, second], policy="round-robin", extra=["--poll-interval", "30"])
+    router = start_router([first, second], policy=RouterPolicy.ROUND_ROBIN, extra=["--poll-interval", "30"])
     processes[first].popen.kill()
     processes[first].popen.wait(10)
     for adapter in ("sql", "chat", "code", "math", "sql", "chat"):

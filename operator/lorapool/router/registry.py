@@ -41,14 +41,13 @@ from lorapool.router.scorers.slot_pressure import PLUGIN as SLOT_PRESSURE
 class Profile:
     """One chain of plugins: filters -> weighted scorers -> picker."""
 
-    name: str
     filters: tuple[FilterPlugin, ...]
     scorers: tuple[ScorerPlugin, ...]
     picker: PickerPlugin
 
-    def build(self, params: PolicyParams) -> Policy:
+    def build(self, name: str, params: PolicyParams) -> Policy:
         return Policy(
-            self.name,
+            name,
             tuple(f.build(params) for f in self.filters),
             tuple(s.build(params) for s in self.scorers),
             self.picker.build(params),
@@ -71,10 +70,10 @@ class NamedPolicy:
     fallback: Profile | None = None
 
     def build(self, params: PolicyParams) -> Scheduling:
-        strict = self.strict.build(params)
+        strict = self.strict.build(str(self.name), params)
         if self.fallback is None:
             return Scheduling(strict, strict, holds=False)
-        return Scheduling(strict, self.fallback.build(params), holds=True)
+        return Scheduling(strict, self.fallback.build(f"{self.name}-best-effort", params), holds=True)
 
 
 def _by_name(plugins: Iterable[Plugin]) -> dict[str, Plugin]:
@@ -103,11 +102,10 @@ POLICIES: Mapping[RouterPolicy, NamedPolicy] = {
             # pool: a hot adapter's replica over the cap is not a candidate even when every
             # other replica's slots are taken, so its requests wait and bind where a slot frees
             # (they spread) instead of piling up behind one replica's batch.
-            Profile("affinity", (HEALTHY, SERVES_MODEL, BOUNDED_LOAD, LORA_SLOTS), _AFFINITY_SCORERS, HIGHEST_SCORE),
+            Profile((HEALTHY, SERVES_MODEL, BOUNDED_LOAD, LORA_SLOTS), _AFFINITY_SCORERS, HIGHEST_SCORE),
             # Best effort: same preferences, but among replicas that are all full, the least
             # over-committed one wins before load decides.
             Profile(
-                "affinity-best-effort",
                 (HEALTHY, SERVES_MODEL, BOUNDED_LOAD),
                 (*_AFFINITY_SCORERS, SLOT_PRESSURE),
                 HIGHEST_SCORE,
@@ -116,12 +114,12 @@ POLICIES: Mapping[RouterPolicy, NamedPolicy] = {
         NamedPolicy(
             RouterPolicy.LEAST_LOADED,
             "fewest requests in flight, adapter-blind (baseline)",
-            Profile("least-loaded", (HEALTHY, SERVES_MODEL), (LEAST_LOAD,), HIGHEST_SCORE),
+            Profile((HEALTHY, SERVES_MODEL), (LEAST_LOAD,), HIGHEST_SCORE),
         ),
         NamedPolicy(
             RouterPolicy.ROUND_ROBIN,
             "each backend that serves the model in turn, adapter-blind (baseline)",
-            Profile("round-robin", (HEALTHY, SERVES_MODEL), (), ROUND_ROBIN),
+            Profile((HEALTHY, SERVES_MODEL), (), ROUND_ROBIN),
         ),
     )
 }
