@@ -38,6 +38,7 @@ COMMANDS: dict[str, Command] = {
     "sidecar": Command("lorapool.sidecar.cli", "run the adapter-sync sidecar next to a vLLM engine"),
     "router": Command("lorapool.router.cli", "run the adapter-aware OpenAI router"),
     "cluster": Command("lorapool.cluster.cli", "build and run a local Kubernetes control plane", extra="test"),
+    "engine": Command("lorapool.engine.cli", "install and run the real engine (vLLM CPU) with a tiny local model"),
     "dev": Command("lorapool.dev", "start the local playground: control plane, operator, example pool", extra="test"),
 }
 

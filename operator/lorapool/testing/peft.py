@@ -13,7 +13,7 @@ import argparse
 import json
 import random
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,16 @@ def safetensors_bytes(tensors: dict[str, tuple[Sequence[int], bytes]], dtype: st
     raw_header = json.dumps(header, separators=(",", ":")).encode()
     raw_header += b" " * (-len(raw_header) % 8)  # the format pads the header to 8 bytes
     return struct.pack("<Q", len(raw_header)) + raw_header + b"".join(chunks)
+
+
+def normal_f16(rng: random.Random, count: int, std: float) -> bytes:
+    """``count`` little-endian float16 values drawn from N(0, std) by ``rng`` (finite, seeded)."""
+    return struct.pack(f"<{count}e", *(rng.gauss(0.0, std) for _ in range(count)))
+
+
+def normal_f32(rng: random.Random, count: int, std: float, mean: float = 0.0) -> bytes:
+    """``count`` little-endian float32 values drawn from N(mean, std) by ``rng``."""
+    return struct.pack(f"<{count}f", *(rng.gauss(mean, std) for _ in range(count)))
 
 
 def read_safetensors_header(path: Path) -> dict[str, Any]:
@@ -60,8 +70,16 @@ def write_peft_adapter(
     num_layers: int = 2,
     seed: int = 0,
     extra_config: dict[str, Any] | None = None,
+    module_shapes: Mapping[str, tuple[int, int]] | None = None,
+    std: float | None = None,
 ) -> Path:
-    """Write a PEFT LoRA adapter into ``out_dir`` (created) and return it."""
+    """Write a PEFT LoRA adapter into ``out_dir`` (created) and return it.
+
+    By default every module is ``hidden_size -> hidden_size`` and the F16 tensors are random
+    bytes (some NaN): enough for anything that reads headers and shapes. For a real engine,
+    give ``module_shapes`` (module -> ``(out_features, in_features)`` of the base layer) and
+    ``std``: the tensors are then seeded normal values, finite, that change the model's output.
+    """
     rng = random.Random(seed)
     out_dir.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, tuple[Sequence[int], bytes]] = {}
@@ -69,9 +87,11 @@ def write_peft_adapter(
         for module in target_modules:
             group = "self_attn" if module.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) else "mlp"
             prefix = f"base_model.model.model.layers.{layer}.{group}.{module}"
-            for part, shape in (("lora_A", (rank, hidden_size)), ("lora_B", (hidden_size, rank))):
+            out_features, in_features = (module_shapes or {}).get(module, (hidden_size, hidden_size))
+            for part, shape in (("lora_A", (rank, in_features)), ("lora_B", (out_features, rank))):
                 count = shape[0] * shape[1]
-                tensors[f"{prefix}.{part}.weight"] = (shape, rng.randbytes(2 * count))
+                data = rng.randbytes(2 * count) if std is None else normal_f16(rng, count, std)
+                tensors[f"{prefix}.{part}.weight"] = (shape, data)
     config: dict[str, Any] = {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
