@@ -1,7 +1,10 @@
-"""Kubernetes-style (klog text) log lines: ``I1202 12:00:00.123456 1 agent.py:88] "Loaded adapter" adapter="sql"``.
+"""Kubernetes-style (klog text) log lines for every lorapool process:
+``I1202 12:00:00.123456 1 agent.py:88] "Loaded adapter" adapter="sql"``.
 
-Callers pass structured fields with ``extra={"kv": {...}}``; values are quoted. Nothing
-here redacts: callers only ever log redacted URLs and never tokens.
+One format for the operator, router, sidecar, simulator and local cluster, so one grep or log
+pipeline reads them all. Callers pass structured fields as ``extra={"kv": {...}}`` or as plain
+``extra={"adapter": "sql"}`` attributes; values are JSON-quoted. Nothing here redacts: callers
+only ever log redacted URLs and never tokens.
 """
 
 from __future__ import annotations
@@ -12,13 +15,17 @@ import os
 from datetime import UTC, datetime
 
 _LEVELS = {"DEBUG": "I", "INFO": "I", "WARNING": "W", "ERROR": "E", "CRITICAL": "E"}
+_STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "kv", "taskName"}
+# kopf's per-object logger context: an OperatorSettings object and posting flags, not fields
+_KOPF_CONTEXT = frozenset({"settings", "k8s_skip", "k8s_ref"})
 
 
 class KlogFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         ts = datetime.fromtimestamp(record.created, UTC).strftime("%m%d %H:%M:%S.%f")
         head = f"{_LEVELS.get(record.levelname, 'I')}{ts} {os.getpid()} {record.filename}:{record.lineno}]"
-        fields = getattr(record, "kv", None) or {}
+        fields = {k: v for k, v in record.__dict__.items() if k not in _STANDARD and k not in _KOPF_CONTEXT}
+        fields.update(getattr(record, "kv", None) or {})
         parts = [json.dumps(record.getMessage())]
         parts += [f"{k}={json.dumps(v, default=str)}" for k, v in fields.items() if v is not None]
         line = f"{head} {' '.join(parts)}"
@@ -28,6 +35,7 @@ class KlogFormatter(logging.Formatter):
 
 
 def setup(level: str = "INFO") -> None:
+    """Route every logger through one klog handler at ``level`` and quieten chatty libraries."""
     handler = logging.StreamHandler()
     handler.setFormatter(KlogFormatter())
     root = logging.getLogger()

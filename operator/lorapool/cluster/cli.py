@@ -52,13 +52,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import json
-    import logging
     import sys
 
+    from lorapool import logs
     from lorapool.cluster import build
     from lorapool.cluster.runtime import ClusterError, LocalCluster
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    logs.setup("INFO")
     command = args.cluster_command
     try:
         if command == "build":

@@ -10,19 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import kopf
 from aiohttp import web
-from kubernetes import client, config
+from kubernetes import client
 from prometheus_client import start_http_server
 
 from lorapool.api.models import GROUP, VERSION
 from lorapool.controller.kube import Kube
 from lorapool.controller.leader import LeaseElector
 from lorapool.controller.reconcile import PoolReconciler, Settings
+from lorapool.kubeconfig import api_client
 from lorapool.render.names import POOL_LABEL
 from lorapool.sources.config import ConfigCache, fetch_adapter_config
 
@@ -42,16 +42,6 @@ class OperatorConfig:
     lease_namespace: str
     lease_name: str
     identity: str
-
-
-def _load_kube(kubeconfig: str | None) -> client.ApiClient:
-    if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig)
-    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config()
-    else:
-        config.load_kube_config()
-    return client.ApiClient()
 
 
 def build_registry(reconciler: PoolReconciler) -> kopf.OperatorRegistry:
@@ -138,7 +128,7 @@ async def _serve_health(cfg: OperatorConfig, leading: asyncio.Event, kopf_ready:
 
 
 async def run_operator(cfg: OperatorConfig) -> int:
-    api = _load_kube(cfg.kubeconfig)
+    api = api_client(cfg.kubeconfig)
     leading, kopf_ready = asyncio.Event(), asyncio.Event()
     try:
         # Both servers start before the Lease: a standby is alive and scrapeable, just not ready.

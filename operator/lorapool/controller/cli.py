@@ -50,13 +50,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import asyncio
-    import logging
 
+    from lorapool import logs
     from lorapool.controller.app import OperatorConfig, run_operator
     from lorapool.controller.reconcile import Settings
     from lorapool.render.manifests import RenderOptions
 
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logs.setup(args.log_level)
     cfg = OperatorConfig(
         kubeconfig=args.kubeconfig,
         namespaces=tuple(args.namespace),

@@ -6,7 +6,6 @@ Heavy imports (aiohttp, kubernetes) happen inside ``run`` so ``lorapool --help``
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 from lorapool.router import registry
@@ -150,26 +149,14 @@ def settings_from(args: argparse.Namespace) -> RouterSettings:
     )
 
 
-class _FieldsFormatter(logging.Formatter):
-    """Kubernetes-style lines: the message, then ``key=value`` for each extra field."""
-
-    _STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
-
-    def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
-        fields = {k: v for k, v in record.__dict__.items() if k not in self._STANDARD}
-        return line + "".join(f" {k}={v!r}" for k, v in fields.items())
-
-
 def run(args: argparse.Namespace) -> int:
     """Run the router until SIGINT/SIGTERM."""
     import asyncio
 
+    from lorapool import logs
     from lorapool.router.server import serve
 
-    handler = logging.StreamHandler()
-    handler.setFormatter(_FieldsFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
-    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
+    logs.setup(args.log_level)
     try:
         settings = settings_from(args)
         asyncio.run(serve(settings))

@@ -30,17 +30,6 @@ def parse_target(target: str) -> tuple[str, str]:
     return namespace, service
 
 
-def load_kube_config() -> Any:
-    """An ApiClient from in-cluster config, else the kubeconfig file."""
-    from kubernetes import client, config
-
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
-    return client.ApiClient()
-
-
 class EndpointSliceWatch:
     """Keeps ``on_change`` informed of the Service's ready endpoints."""
 
@@ -79,7 +68,9 @@ class EndpointSliceWatch:
         from kubernetes import client, watch
         from kubernetes.client.rest import ApiException
 
-        api_client = self.api_client or load_kube_config()
+        from lorapool.kubeconfig import api_client as kube_api_client
+
+        api_client = self.api_client or kube_api_client()
         api = client.DiscoveryV1Api(api_client)
         selector = f"{SERVICE_NAME_LABEL}={self.service}"
         failures = 0

@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     import random
     import signal
 
-    from lorapool.sidecar import logs
+    from lorapool import logs
     from lorapool.sidecar.agent import Agent, Settings
     from lorapool.sources import Limits
 

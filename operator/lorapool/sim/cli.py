@@ -16,6 +16,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
+from lorapool import logs
 from lorapool.api.peft import VLLM_RANKS
 from lorapool.sim.timing import DEFAULT_PROFILE, PROFILES, timing_fields
 
@@ -171,7 +172,7 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | os._E
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logs.setup(args.log_level)
     try:
         settings = settings_from_args(args, os.environ)
     except ValueError as exc:
