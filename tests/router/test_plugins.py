@@ -231,6 +231,8 @@ def test_a_plugin_reads_only_the_fields_it_declares(plugin: FilterPlugin | Score
     assert "Reads:" in doc
     if isinstance(plugin, ScorerPlugin):
         assert "Score" in doc and "Weight" in doc, f"{plugin.name}: docstring gives no score range or weight"
+    else:
+        assert "Keeps:" in doc, f"{plugin.name}: docstring does not say what the filter keeps"
     cases = (FILTER_CASES | SCORER_CASES)[plugin.name]
     unread = [f for f in PERTURBED if f not in plugin.reads]
     for case in cases:
