@@ -226,34 +226,76 @@ def config_hash(template: Obj) -> str:
 
 
 def engine_deployment(pool: LoRAPool, plan: Plan, adapters: Sequence[PoolAdapter], opts: RenderOptions) -> Obj:
+    """Deployment ``<pool>-engine``: vLLM plus the adapter-sync sidecar; pods roll only when the template hash moves."""
     p = pool.metadata.name
-    spec = pool.spec
-    lorapool_image = spec.sidecar.image or opts.lorapool_image
-    volumes: list[Obj] = [
-        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{8 * spec.gpu.count}Gi"}},
-        {"name": "adapters", "emptyDir": {}},
-        {"name": "adapters-config", "configMap": {"name": names.adapters_configmap(p)}},
-        {"name": "models", "emptyDir": {}},
-        {"name": "tmp", "emptyDir": {}},
-    ]
-    model_mounts: list[Obj] = [{"name": "models", "mountPath": names.MODELS_MOUNT}]
-    if spec.base_model.source.startswith("pvc://"):
-        claim = spec.base_model.source.removeprefix("pvc://").split("/", 1)[0]
-        volumes.append({"name": "base-model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
-        model_mounts.append({"name": "base-model", "mountPath": f"{names.MODELS_MOUNT}/base", "readOnly": True})
-    for adapter in adapters:
-        if adapter.spec.source.startswith("pvc://"):
-            claim = adapter.spec.source.removeprefix("pvc://").split("/", 1)[0]
-            if not any(v["name"] == f"pvc-{claim}" for v in volumes):
-                volumes.append(
-                    {"name": f"pvc-{claim}", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
-                )
-
+    volumes = _engine_volumes(pool, adapters)
     pvc_mounts = [
         {"name": v["name"], "mountPath": f"/mnt/pvc/{v['name'].removeprefix('pvc-')}", "readOnly": True}
         for v in volumes
         if v["name"].startswith("pvc-")
     ]
+    pod_spec: Obj = {
+        "enableServiceLinks": False,  # a Service named "vllm" would inject VLLM_PORT and break vLLM
+        "automountServiceAccountToken": False,  # neither vLLM nor the sidecar talks to the API
+        "terminationGracePeriodSeconds": 60,
+        "securityContext": {
+            "runAsUser": 1000,
+            "runAsGroup": 1000,
+            "fsGroup": 1000,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        **_node_placement(pool),
+        "containers": [_vllm_container(pool, plan, opts, pvc_mounts), _sidecar_container(pool, opts, pvc_mounts)],
+        "volumes": volumes,
+    }
+    template: Obj = {"metadata": {"labels": names.labels(p, "engine")}, "spec": pod_spec}
+    template["metadata"]["annotations"] = {names.CONFIG_HASH_ANNOTATION: config_hash(template)}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(pool, names.engine(p), "engine"),
+        "spec": {
+            "replicas": pool.spec.replicas,
+            "selector": {"matchLabels": names.selector(p, "engine")},
+            # GPUs are scarce: replace pods in place instead of surging onto GPUs that may not exist.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+            "template": template,
+        },
+    }
+
+
+def _pvc_claim(source: str) -> str:
+    return source.removeprefix("pvc://").split("/", 1)[0]
+
+
+def _engine_volumes(pool: LoRAPool, adapters: Sequence[PoolAdapter]) -> list[Obj]:
+    """Shared memory, the adapter dir and its config, model caches, and one volume per PVC a source names."""
+    spec = pool.spec
+    volumes: list[Obj] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{8 * spec.gpu.count}Gi"}},
+        {"name": "adapters", "emptyDir": {}},
+        {"name": "adapters-config", "configMap": {"name": names.adapters_configmap(pool.metadata.name)}},
+        {"name": "models", "emptyDir": {}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    if spec.base_model.source.startswith("pvc://"):
+        claim = _pvc_claim(spec.base_model.source)
+        volumes.append({"name": "base-model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
+    for adapter in adapters:
+        if adapter.spec.source.startswith("pvc://"):
+            claim = _pvc_claim(adapter.spec.source)
+            if not any(v["name"] == f"pvc-{claim}" for v in volumes):
+                volumes.append(
+                    {"name": f"pvc-{claim}", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+                )
+    return volumes
+
+
+def _vllm_container(pool: LoRAPool, plan: Plan, opts: RenderOptions, pvc_mounts: list[Obj]) -> Obj:
+    spec = pool.spec
+    model_mounts: list[Obj] = [{"name": "models", "mountPath": names.MODELS_MOUNT}]
+    if spec.base_model.source.startswith("pvc://"):
+        model_mounts.append({"name": "base-model", "mountPath": f"{names.MODELS_MOUNT}/base", "readOnly": True})
     env = [
         {"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "true"},
         {"name": "HF_HOME", "value": f"{names.MODELS_MOUNT}/hf"},
@@ -262,7 +304,7 @@ def engine_deployment(pool: LoRAPool, plan: Plan, adapters: Sequence[PoolAdapter
         *[e.model_dump(by_alias=True, exclude_none=True) for e in spec.vllm.env],
     ]
     probe = {"httpGet": {"path": "/health", "port": "http"}}
-    engine: Obj = {
+    return {
         "name": "vllm",
         "image": spec.vllm.image,
         "imagePullPolicy": opts.image_pull_policy,
@@ -284,23 +326,28 @@ def engine_deployment(pool: LoRAPool, plan: Plan, adapters: Sequence[PoolAdapter
         # vLLM compiles kernels into ~/.cache and /tmp, so its root filesystem stays writable.
         "securityContext": _restricted(read_only_root=False),
     }
-    sidecar: Obj = {
+
+
+def _sidecar_container(pool: LoRAPool, opts: RenderOptions, pvc_mounts: list[Obj]) -> Obj:
+    spec = pool.spec
+    args = [
+        "sidecar",
+        "--config",
+        f"{names.ADAPTERS_CONFIG_MOUNT}/{CONFIGMAP_KEY}",
+        "--engine",
+        f"http://127.0.0.1:{names.ENGINE_PORT}",
+        "--adapter-dir",
+        names.ADAPTERS_MOUNT,
+        "--host",
+        "0.0.0.0",
+        "--status-port",
+        str(names.SIDECAR_STATUS_PORT),
+    ]
+    return {
         "name": "adapter-sync",
-        "image": lorapool_image,
+        "image": spec.sidecar.image or opts.lorapool_image,
         "imagePullPolicy": opts.image_pull_policy,
-        "args": [
-            "sidecar",
-            "--config",
-            f"{names.ADAPTERS_CONFIG_MOUNT}/{CONFIGMAP_KEY}",
-            "--engine",
-            f"http://127.0.0.1:{names.ENGINE_PORT}",
-            "--adapter-dir",
-            names.ADAPTERS_MOUNT,
-            "--host",
-            "0.0.0.0",
-            "--status-port",
-            str(names.SIDECAR_STATUS_PORT),
-        ],
+        "args": args,
         "env": [
             {"name": "HF_HOME", "value": "/tmp/hf"},
             *_credentials_env(pool, hf=True, s3=True),
@@ -325,34 +372,6 @@ def engine_deployment(pool: LoRAPool, plan: Plan, adapters: Sequence[PoolAdapter
             *pvc_mounts,
         ],
         "securityContext": _restricted(read_only_root=True),
-    }
-    pod_spec: Obj = {
-        "enableServiceLinks": False,  # a Service named "vllm" would inject VLLM_PORT and break vLLM
-        "automountServiceAccountToken": False,  # neither vLLM nor the sidecar talks to the API
-        "terminationGracePeriodSeconds": 60,
-        "securityContext": {
-            "runAsUser": 1000,
-            "runAsGroup": 1000,
-            "fsGroup": 1000,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-        **_node_placement(pool),
-        "containers": [engine, sidecar],
-        "volumes": volumes,
-    }
-    template: Obj = {"metadata": {"labels": names.labels(p, "engine")}, "spec": pod_spec}
-    template["metadata"]["annotations"] = {names.CONFIG_HASH_ANNOTATION: config_hash(template)}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": _meta(pool, names.engine(p), "engine"),
-        "spec": {
-            "replicas": spec.replicas,
-            "selector": {"matchLabels": names.selector(p, "engine")},
-            # GPUs are scarce: replace pods in place instead of surging onto GPUs that may not exist.
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
-            "template": template,
-        },
     }
 
 
