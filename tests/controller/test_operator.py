@@ -343,8 +343,10 @@ def test_killed_operator_converges_after_restart_and_standby_takes_over(
         urllib.request.urlopen(f"{health}/readyz", timeout=5)
     assert info.value.code == 503
 
+    writes = operator.metric("lorapool_operator_writes_total")
     apply(local_cluster, pool_doc(ns, "crash", [{"name": "a", "source": adapter_dir(tmp_path, "a", 8)}], replicas=1))
-    time.sleep(0.5)  # mid-reconcile
+    # killed once it has begun writing the pool's objects: the standby must finish the job
+    wait_until("the operator writing", lambda: operator.metric("lorapool_operator_writes_total") > writes, 30)
     operator.stop(kill=True)  # no Lease release: the standby must wait for it to expire
     wait_until("standby leads", lambda: "Acquired leader Lease" in standby.log.read_text(), 40)
     pool = wait_until("pool Ready", lambda: ready(local_cluster, ns, "crash"), 90)
