@@ -14,7 +14,7 @@ import argparse
 import importlib
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 
@@ -71,7 +71,9 @@ def missing_extra(name: str, exc: ImportError) -> str | None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(configured: Iterable[str] = ()) -> argparse.ArgumentParser:
+    """Every subcommand is listed; only those in ``configured`` import their module and add
+    their flags, so `lorapool router` never imports the dev tooling behind `cluster` or `dev`."""
     parser = argparse.ArgumentParser(
         prog="lorapool",
         description="Serve many LoRA adapters on shared vLLM base-model replicas.",
@@ -80,21 +82,31 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"lorapool {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    wanted = set(configured)
     for name, command in COMMANDS.items():
         command_parser = sub.add_parser(name, help=command.help, description=command.help)
         command_parser.set_defaults(_module=command.module)
+        if name not in wanted:
+            continue
         # Configuring needs the module; a module that fails to import only breaks its own command.
         try:
             module = importlib.import_module(command.module)
         except ImportError as exc:
             command_parser.set_defaults(_import_error=exc)
+            command_parser.add_argument("_rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
             continue
         module.configure(command_parser)
     return parser
 
 
+def chosen_command(argv: Sequence[str]) -> str | None:
+    """The subcommand ``argv`` names (the first word that is not an option), if any."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser([name] if (name := chosen_command(argv)) else [])
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         parser.print_help()

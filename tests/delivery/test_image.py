@@ -293,3 +293,18 @@ def test_dev_commands_without_the_test_extra_say_which_extra_to_install(command:
         f"error: lorapool {command[0]} needs the test extra: pip install 'lorapool[test]' (cryptography is not installed)"
     )
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("command", ["router", "operator", "sidecar", "sim", "plan"])
+def test_runtime_commands_do_not_import_dev_tooling(command: str) -> None:
+    """`lorapool <runtime command>` configures only its own module: the dev tooling behind
+    `cluster`, `dev` and `engine` is never imported in a pod."""
+    probe = (
+        "import sys; from lorapool.cli import main\n"
+        "try:\n    main([sys.argv[1], '--help'])\nexcept SystemExit:\n    pass\n"
+        f"print(sorted(m for m in sys.modules if m.startswith({DEV_TOOLING!r})))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe, command], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout[-2000:]
