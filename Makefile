@@ -15,6 +15,7 @@ run: install
 lint:
 	ruff check .
 	lint-imports
+	mypy
 
 crds:
 	lorapool crds --out crds

@@ -10,7 +10,10 @@ import pytest
 import yaml
 
 from lorapool.api.crd import crds
+from lorapool.api.models import API_VERSION, GROUP, VERSION, LoRAPoolSpec
+from lorapool.api.status import AdapterPhase, ConditionType
 from lorapool.api.yamlio import dump
+from lorapool.plan.planner import AdapterRank, Plan, plan_pool
 
 CRD_DIR = Path(__file__).resolve().parents[2] / "crds"
 
@@ -76,7 +79,61 @@ def test_pool_crd_has_scale_status_columns_and_short_name() -> None:
     assert all(node.get("description") for path, node in _walk(spec) if path.count(".") == 1)
 
 
-def test_generated_yaml_has_no_anchors() -> None:
-    text = "".join(dump(c) for c in crds().values())
-    assert "&id" not in text and "*id" not in text
-    assert yaml.safe_load_all(text)
+def test_generated_yaml_has_no_anchors_and_reads_back_as_generated() -> None:
+    for crd in crds().values():
+        text = dump(crd)
+        assert "&id" not in text and "*id" not in text
+        assert yaml.safe_load(text) == crd
+
+
+# --- descriptions read against what the code does ---------------------------------------------
+
+
+def _pool_schema() -> dict[str, Any]:
+    crd = crds()["lorapool.io_lorapools.yaml"]
+    schema: dict[str, Any] = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def _plan(lora: dict[str, Any] | None = None, n_adapters: int = 1, **spec: Any) -> Plan:
+    base = {
+        "baseModel": {"name": "meta-llama/Meta-Llama-3-8B", "source": "hf://meta-llama/Meta-Llama-3-8B"},
+        "gpu": {"product": "A100-80GB"},
+        "lora": lora or {},
+    }
+    pool_spec = LoRAPoolSpec.model_validate(base | spec)
+    return plan_pool(pool_spec, [AdapterRank(f"a{i}", f"spec.adapters[{i}]", 8) for i in range(n_adapters)])
+
+
+def test_max_cpu_loras_auto_follows_pod_memory_not_the_adapter_count() -> None:
+    description = _pool_schema()["properties"]["spec"]["properties"]["lora"]["properties"]["maxCpuLoras"]["description"]
+    assert "memory" in description and "not the adapter count" in description and ">= maxLoras" in description
+    small, large = ({"resources": {"limits": {"memory": m}}} for m in ("48Gi", "256Gi"))
+    assert _plan(vllm=small).max_cpu_loras < _plan(vllm=large).max_cpu_loras
+    assert _plan(n_adapters=1).max_cpu_loras == _plan(n_adapters=40).max_cpu_loras
+    tiny = _plan(vllm={"resources": {"limits": {"memory": "17Gi"}}})
+    assert tiny.max_cpu_loras == tiny.max_loras  # "at least maxLoras"
+
+
+def test_plan_memory_is_described_and_computed_per_gpu() -> None:
+    memory = _pool_schema()["properties"]["status"]["properties"]["plan"]["properties"]["memory"]
+    assert "per GPU" in memory["description"]
+    for field in ("usableBytes", "weightsBytes", "loraBytes", "reserveBytes", "kvCacheBytes"):
+        assert "one GPU" in memory["properties"][field]["description"], field
+    one, two = _plan(gpu={"product": "A100-80GB", "count": 1}), _plan(gpu={"product": "A100-80GB", "count": 2})
+    assert two.memory.usable_bytes == one.memory.usable_bytes  # not summed over GPUs
+    assert two.memory.weights_bytes == one.memory.weights_bytes // 2  # split over GPUs
+
+
+def test_condition_type_description_lists_every_type_written() -> None:
+    """tests/controller/test_status.py checks that the types written are exactly ConditionType."""
+    for crd in crds().values():
+        status = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+        description = status["properties"]["conditions"]["items"]["properties"]["type"]["description"]
+        assert all(t.value in description for t in ConditionType), description
+    phase = _pool_schema()["properties"]["status"]["properties"]["adapters"]["items"]["properties"]["phase"]
+    assert all(p.value in phase["description"] for p in AdapterPhase)
+
+
+def test_api_version_is_group_and_version() -> None:
+    assert f"{GROUP}/{VERSION}" == API_VERSION

@@ -9,7 +9,7 @@ validators, so `lorapool plan` refuses offline exactly what the API server refus
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -25,8 +25,8 @@ from lorapool.api.peft import VLLM_RANKS
 
 GROUP = "lorapool.io"
 VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-AUTO = "auto"
+API_VERSION: Final = "lorapool.io/v1alpha1"  # GROUP/VERSION, spelled out so its type is the Literal below
+AUTO: Final = "auto"
 
 DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.11.0"
 DEFAULT_LORAPOOL_IMAGE = "ghcr.io/lorapool/lorapool:0.1.0"
@@ -193,7 +193,7 @@ class LoraSpec(Wire):
     )
     max_cpu_loras: IntOrAuto = Field(
         default=AUTO,
-        description="vLLM --max-cpu-loras (CPU LRU cache of adapters): 'auto' (number of adapters, memory permitting) or a number >= maxLoras.",
+        description="vLLM --max-cpu-loras (CPU LRU cache of adapters): 'auto' (as many adapters of maxLoraRank as the engine container's memory holds after weights and runtime, at least maxLoras; not the adapter count) or a number >= maxLoras.",
         json_schema_extra={"x-kubernetes-int-or-string": True},
     )
     dtype: Dtype = Field(default=Dtype.AUTO, description="vLLM --lora-dtype.")
