@@ -31,6 +31,19 @@ def test_make_targets_exist() -> None:
     assert named <= targets, f"CONTRIBUTING.md names make targets the Makefile lacks: {named - targets}"
 
 
+def test_lint_line_lists_what_make_lint_runs() -> None:
+    makefile = (REPO / "Makefile").read_text()
+    recipe = re.search(r"^lint:\n((?:\t.*\n)+)", makefile, re.M)
+    assert recipe, "the Makefile has no lint target"
+    # "ruff check" and "ruff format" are two checks; every other line is named by its tool
+    tools = [" ".join(w[:2]) if w[0] == "ruff" else w[0] for w in map(str.split, recipe.group(1).splitlines())]
+    (described,) = [line for line in COMMAND_LINES if line == "make lint"]
+    comment = next(line for line in TEXT.splitlines() if line.startswith("make lint"))
+    assert described and all(tool in comment for tool in tools), (
+        f"make lint runs {tools}; CONTRIBUTING.md says {comment!r}"
+    )
+
+
 def test_lorapool_commands_exist() -> None:
     named = {words[1] for words in lines_starting("lorapool ")} | set(re.findall(r"`lorapool (\w+)", TEXT))
     assert {"dev", "plan", "render", "router", "cluster"} <= named
