@@ -26,6 +26,7 @@ from lorapool.sidecar.core import (
     identity_of,
     lost_adapters,
     parse_config,
+    retry_delay_s,
     status_document,
 )
 
@@ -177,6 +178,52 @@ def test_backoff_is_full_jitter_exponential_and_capped() -> None:
         assert all(0.0 <= s <= ceiling for s in samples)
         assert max(samples) > 0.8 * ceiling  # full jitter spans the whole range
     assert backoff_s(3, random.Random(1)) == backoff_s(3, random.Random(1))  # seeded: reproducible
+
+
+RETRY = {
+    # (attempts, transient) -> the range the delay falls in, base 1 s, cap 300 s
+    "transient-first": (1, True, 0.0, 1.0),
+    "transient-grows": (5, True, 0.0, 16.0),
+    "transient-capped": (40, True, 0.0, 300.0),
+    "permanent-first-waits-near-the-cap": (1, False, 150.0, 300.0),
+    "permanent-later": (7, False, 150.0, 300.0),
+}
+
+
+@pytest.mark.parametrize(("attempts", "transient", "low", "high"), list(RETRY.values()), ids=list(RETRY))
+def test_retry_delay_by_failure_kind(attempts: int, transient: bool, low: float, high: float) -> None:
+    rng = random.Random(3)
+    samples = [retry_delay_s(attempts, rng, transient=transient, base_s=1.0, cap_s=300.0) for _ in range(200)]
+    assert all(low <= s <= high for s in samples)
+    assert max(samples) - min(samples) > 0.3 * (high - low)  # jittered, never in lockstep
+
+
+def test_a_permanent_failure_waits_until_the_desired_entry_changes() -> None:
+    """The permanent delay parks the adapter; diff retries at once when the entry changes."""
+    delay = retry_delay_s(1, random.Random(0), transient=False, base_s=1.0, cap_s=300.0)
+    state = {"a": AdapterState("a", Phase.FAILED, attempts=1, failed=identity_of(A), next_retry_at=NOW + delay)}
+    assert diff({"a": A}, {}, state, NOW + 60) == [Wait("a", NOW + delay)]
+    assert diff({"a": A2}, {}, state, NOW + 60) == [Load("a", A2, inplace=False, reason=Reason.NEW)]
+
+
+def test_the_sidecar_reads_the_transient_flag_and_engine_status() -> None:
+    from lorapool.errors import AdapterError, SourceError
+    from lorapool.sidecar.agent import _Refused, _transient
+    from lorapool.sidecar.engine import EngineError
+    from lorapool.sources import ChecksumMismatch
+
+    cases = {
+        SourceError("503 from S3"): True,
+        SourceError("no such bucket", transient=False): False,
+        EngineError("connection refused"): True,
+        EngineError("Internal Server Error", status=500): True,
+        EngineError("LoRA path does not exist", status=404): False,
+        _Refused("rank", "rank 64 > 16"): False,
+        AdapterError("use_dora"): False,
+        ChecksumMismatch("sha256 differs"): False,
+        RuntimeError("bug"): True,
+    }
+    assert {repr(e): _transient(e) for e in cases} == {repr(e): t for e, t in cases.items()}
 
 
 POOL = AdapterSet(pool="p", base_model="meta-llama/Meta-Llama-3-8B-Instruct", max_lora_rank=16)

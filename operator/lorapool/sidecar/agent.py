@@ -41,6 +41,7 @@ from lorapool.sidecar.core import (
     identity_of,
     lost_adapters,
     parse_config,
+    retry_delay_s,
     status_document,
     summarize,
 )
@@ -93,6 +94,20 @@ def _failure_reason(exc: BaseException) -> str:
     if isinstance(exc, EngineError):
         return "engine"
     return "internal"
+
+
+def _transient(exc: BaseException) -> bool:
+    """Whether retrying the same thing soon can succeed (the shell's reading of the error types).
+
+    SourceError says so itself; an engine that did not answer or answered 5xx may recover; an
+    engine 4xx, a refused or unsafe adapter and a checksum mismatch stay as they are until the
+    desired entry changes. Unknown errors (bugs) keep the exponential backoff.
+    """
+    if isinstance(exc, SourceError):
+        return exc.transient
+    if isinstance(exc, EngineError):
+        return exc.status is None or exc.status >= 500
+    return not isinstance(exc, _Refused | AdapterError)
 
 
 def _about(name: str, message: str) -> str:
@@ -452,21 +467,31 @@ class Agent:
         except asyncio.CancelledError:
             raise
         except (_Refused, AdapterError, SourceError, EngineError) as exc:
-            self._fail(name, want, _failure_reason(exc), _about(name, str(exc)))
+            self._fail(name, want, _failure_reason(exc), _about(name, str(exc)), transient=_transient(exc))
         except Exception as exc:  # a bug must not take the other adapters down
             log.exception("Adapter action crashed", extra={"kv": {"adapter": name}})
             self._fail(
-                name, want, "internal", f"adapter {name!r}: internal error {type(exc).__name__}: {exc}; report a bug"
+                name,
+                want,
+                "internal",
+                f"adapter {name!r}: internal error {type(exc).__name__}: {exc}; report a bug",
+                transient=True,
             )
         finally:
             if fetched is not None:
                 self.downloader.release(fetched)
             await asyncio.to_thread(self.store.gc)
 
-    def _fail(self, name: str, failed: str, reason: str, message: str) -> None:
+    def _fail(self, name: str, failed: str, reason: str, message: str, *, transient: bool) -> None:
         st = self.state.get(name) or AdapterState(name)
         attempts = (st.attempts if st.failed == failed else 0) + 1
-        delay = backoff_s(attempts, self.rng, base_s=self.settings.backoff_base_s, cap_s=self.settings.backoff_cap_s)
+        delay = retry_delay_s(
+            attempts,
+            self.rng,
+            transient=transient,
+            base_s=self.settings.backoff_base_s,
+            cap_s=self.settings.backoff_cap_s,
+        )
         if st.loaded is not None and failed not in (st.loaded, UNLOAD):
             message += "; the previously loaded revision keeps serving"
         self.state[name] = replace(
@@ -481,6 +506,7 @@ class Agent:
                     "reason": reason,
                     "error": message,
                     "attempts": attempts,
+                    "transient": transient,
                     "retryInSeconds": round(delay, 2),
                 }
             },
@@ -520,6 +546,6 @@ class Agent:
         except asyncio.CancelledError:
             raise
         except (EngineError, UnsafePathError) as exc:
-            self._fail(name, UNLOAD, "unload", _about(name, str(exc)))
+            self._fail(name, UNLOAD, "unload", _about(name, str(exc)), transient=_transient(exc))
         finally:
             await asyncio.to_thread(self.store.gc)

@@ -158,6 +158,22 @@ def backoff_s(attempts: int, rng: random.Random, *, base_s: float = 1.0, cap_s: 
     return rng.uniform(0.0, ceiling)
 
 
+def retry_delay_s(
+    attempts: int, rng: random.Random, *, transient: bool, base_s: float = 1.0, cap_s: float = 300.0
+) -> float:
+    """How long a failed adapter waits before the same desired entry is tried again.
+
+    Transient failures (a source or the engine unreachable, a 5xx, a timeout) back off
+    exponentially with full jitter. Permanent ones (a missing object, a refused adapter, a bad
+    checksum) will not heal by retrying: they wait near the cap (jittered in [cap/2, cap] so
+    pods do not retry in step). A change of the desired entry retries at once either way,
+    because ``diff`` only waits while the failed identity is still the one desired.
+    """
+    if transient:
+        return backoff_s(attempts, rng, base_s=base_s, cap_s=cap_s)
+    return rng.uniform(cap_s / 2, cap_s)
+
+
 @dataclass(frozen=True)
 class Problem:
     reason: str  # metric label: rank | base-model | unservable
