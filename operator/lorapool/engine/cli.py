@@ -1,9 +1,9 @@
 """``lorapool engine``: install and run the real engine (vLLM's CPU build) with the tiny model.
 
-    lorapool engine install          # once: ~2-4 min, ~6 GB in $LORAPOOL_CACHE/engine; then instant
-    lorapool engine model            # build (once) and print the tiny Llama model's directory
-    lorapool engine adapter OUT --rank 8 [--seed N] [--kind good|dora|wrong-base|corrupt]
-    lorapool engine serve --port 8000 --max-loras 2   # vllm serve the tiny model in the foreground
+lorapool engine install          # once: ~2-4 min, ~6 GB in $LORAPOOL_CACHE/engine; then instant
+lorapool engine model            # build (once) and print the tiny Llama model's directory
+lorapool engine adapter OUT --rank 8 [--seed N] [--kind good|dora|wrong-base|corrupt]
+lorapool engine serve --port 8000 --max-loras 2   # vllm serve the tiny model in the foreground
 """
 
 from __future__ import annotations
