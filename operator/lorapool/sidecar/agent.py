@@ -24,7 +24,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from lorapool.api.adapterset import AdapterSet
+from lorapool.api.adapterset import AdapterSet, DesiredAdapter
 from lorapool.api.peft import parse_adapter_config
 from lorapool.errors import AdapterError, SourceError, UnsafePathError
 from lorapool.sidecar.core import (
@@ -47,7 +47,7 @@ from lorapool.sidecar.core import (
 )
 from lorapool.sidecar.engine import EngineClient, EngineError
 from lorapool.sidecar.metrics import SidecarMetrics
-from lorapool.sources import AdapterStore, ChecksumMismatch, Downloader, Limits, SourceOptions, redact_url
+from lorapool.sources import AdapterStore, ChecksumMismatch, Downloader, Fetched, Limits, SourceOptions, redact_url
 from lorapool.sources.layout import CONFIG_FILE
 
 log = logging.getLogger("lorapool.sidecar")
@@ -396,74 +396,20 @@ class Agent:
             self.state[name] = replace(self.state[name], **changes)
 
     async def _load(self, action: Load) -> None:
-        name, adapter, pool = action.name, action.adapter, self.pool
-        assert pool is not None
+        """Download, verify, load into the engine, point the store at it; a failure backs off by kind."""
+        name, adapter = action.name, action.adapter
         want = identity_of(adapter)
         self._set(name, source=redact_url(adapter.source), revision=adapter.revision)
         if not action.inplace:  # a hot swap keeps showing the serving phase until it downloads
             self._set(name, phase=Phase.PENDING)
         fetched = None
         try:
-            fetched = await self.downloader.fetch(
-                name,
-                adapter.source,
-                revision=adapter.revision,
-                sha256=adapter.sha256,
-                on_downloading=lambda: self._set(name, phase=Phase.DOWNLOADING),
-            )
-            if not fetched.cached:
-                self.metrics.download_bytes.inc(fetched.bytes)
-                self.metrics.download_seconds.observe(fetched.seconds)
-                log.info(
-                    "Downloaded adapter",
-                    extra={
-                        "kv": {
-                            "adapter": name,
-                            "source": redact_url(adapter.source),
-                            "bytes": fetched.bytes,
-                            "seconds": round(fetched.seconds, 3),
-                            "digest": fetched.origin.digest[:12],
-                        }
-                    },
-                )
-            self._set(name, phase=Phase.VERIFYING)
-            config = parse_adapter_config(fetched.config, where=f"adapter {name!r}: {CONFIG_FILE}")
-            self._set(name, rank=config.rank)  # shown even when the checks below refuse it
-            if problems := check_adapter(name, config, pool):
-                raise _Refused(problems[0].reason, "; ".join(p.message for p in problems))
-            self._set(name, phase=Phase.LOADING, rank=config.rank)
+            fetched = await self._download(name, adapter)
+            rank = self._verify(name, fetched)
             path = str(fetched.path)
-            try:
-                await self.engine.load(name, path, inplace=action.inplace)
-            except EngineError as exc:
-                if exc.status != 400 or "already loaded" not in str(exc):
-                    raise
-                await self.engine.load(name, path, inplace=True)  # someone loaded it meanwhile
+            await self._engine_load(name, path, inplace=action.inplace)
             await asyncio.to_thread(self.store.point, name, fetched.origin)
-            self.state[name] = AdapterState(
-                name,
-                Phase.LOADED,
-                redact_url(adapter.source),
-                adapter.revision,
-                loaded=want,
-                loaded_path=path,
-                busy=True,
-                rank=config.rank,
-                loaded_at=self.clock(),
-            )
-            self.metrics.loads.labels(reason=str(action.reason)).inc()
-            log.info(
-                "Reloaded adapter" if action.inplace else "Loaded adapter",
-                extra={
-                    "kv": {
-                        "adapter": name,
-                        "revision": adapter.revision,
-                        "rank": config.rank,
-                        "path": path,
-                        "reason": str(action.reason),
-                    }
-                },
-            )
+            self._loaded(action, want, path, rank)
         except asyncio.CancelledError:
             raise
         except (_Refused, AdapterError, SourceError, EngineError) as exc:
@@ -481,6 +427,77 @@ class Agent:
             if fetched is not None:
                 self.downloader.release(fetched)
             await asyncio.to_thread(self.store.gc)
+
+    async def _download(self, name: str, adapter: DesiredAdapter) -> Fetched:
+        fetched = await self.downloader.fetch(
+            name,
+            adapter.source,
+            revision=adapter.revision,
+            sha256=adapter.sha256,
+            on_downloading=lambda: self._set(name, phase=Phase.DOWNLOADING),
+        )
+        if not fetched.cached:
+            self.metrics.download_bytes.inc(fetched.bytes)
+            self.metrics.download_seconds.observe(fetched.seconds)
+            log.info(
+                "Downloaded adapter",
+                extra={
+                    "kv": {
+                        "adapter": name,
+                        "source": redact_url(adapter.source),
+                        "bytes": fetched.bytes,
+                        "seconds": round(fetched.seconds, 3),
+                        "digest": fetched.origin.digest[:12],
+                    }
+                },
+            )
+        return fetched
+
+    def _verify(self, name: str, fetched: Fetched) -> int:
+        """The adapter's rank, or _Refused when the pool's checks refuse it (its rank is shown either way)."""
+        assert self.pool is not None
+        self._set(name, phase=Phase.VERIFYING)
+        config = parse_adapter_config(fetched.config, where=f"adapter {name!r}: {CONFIG_FILE}")
+        self._set(name, rank=config.rank)  # shown even when the checks below refuse it
+        if problems := check_adapter(name, config, self.pool):
+            raise _Refused(problems[0].reason, "; ".join(p.message for p in problems))
+        self._set(name, phase=Phase.LOADING, rank=config.rank)
+        return config.rank
+
+    async def _engine_load(self, name: str, path: str, *, inplace: bool) -> None:
+        try:
+            await self.engine.load(name, path, inplace=inplace)
+        except EngineError as exc:
+            if exc.status != 400 or "already loaded" not in str(exc):
+                raise
+            await self.engine.load(name, path, inplace=True)  # someone loaded it meanwhile
+
+    def _loaded(self, action: Load, want: str, path: str, rank: int) -> None:
+        name, adapter = action.name, action.adapter
+        self.state[name] = AdapterState(
+            name,
+            Phase.LOADED,
+            redact_url(adapter.source),
+            adapter.revision,
+            loaded=want,
+            loaded_path=path,
+            busy=True,
+            rank=rank,
+            loaded_at=self.clock(),
+        )
+        self.metrics.loads.labels(reason=str(action.reason)).inc()
+        log.info(
+            "Reloaded adapter" if action.inplace else "Loaded adapter",
+            extra={
+                "kv": {
+                    "adapter": name,
+                    "revision": adapter.revision,
+                    "rank": rank,
+                    "path": path,
+                    "reason": str(action.reason),
+                }
+            },
+        )
 
     def _fail(self, name: str, failed: str, reason: str, message: str, *, transient: bool) -> None:
         st = self.state.get(name) or AdapterState(name)
