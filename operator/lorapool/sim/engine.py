@@ -152,6 +152,25 @@ class EngineStats:
     busy_s: float = 0.0
 
 
+@dataclass(slots=True)
+class _Batch:
+    """One step's batch while it is being scheduled."""
+
+    budget: int  # tokens left under --max-num-batched-tokens
+    scheduled: list[tuple[SimRequest, int]] = field(default_factory=list)  # request, tokens this step
+    loras: dict[int, AdapterRef] = field(default_factory=dict)  # distinct adapters in the batch
+    prefill_tokens: int = 0
+    preempted: int = 0
+
+    def add(self, req: SimRequest, n: int, *, prefill: bool) -> None:
+        self.scheduled.append((req, n))
+        self.budget -= n
+        if prefill:
+            self.prefill_tokens += n
+        if req.adapter is not None:
+            self.loras[req.adapter.lora_id] = req.adapter
+
+
 class Engine:
     """The scheduler, KV cache and LoRA caches of one vLLM replica."""
 
@@ -264,26 +283,54 @@ class Engine:
 
     def step(self) -> StepResult:
         """Schedule one batch, load its adapters, advance every scheduled request."""
-        cfg = self.config
-        block = cfg.block_size
-        budget = cfg.max_num_batched_tokens
-        running = self.running
-        scheduled: list[tuple[SimRequest, int]] = []
-        loras: dict[int, AdapterRef] = {}
-        prefill_tokens = 0
-        preempted = 0
+        batch = _Batch(budget=self.config.max_num_batched_tokens)
+        self._schedule_running(batch)
+        self._schedule_waiting(batch)
+        loads: tuple[LoadEvent, ...] = ()
+        stall_s = 0.0
+        if batch.loras:
+            loads = self._activate(batch.loras)
+            stall_s = sum(event.seconds for event in loads)
+            self._account_loads(loads)
+        forward_s = self.timing.forward_s(len(batch.scheduled), batch.prefill_tokens, len(batch.loras))
+        duration_s = forward_s + stall_s
+        self.clock_s += duration_s
+        emitted, finished = self._advance(batch.scheduled, now=self.clock_s)
+        stats = self.stats
+        stats.generation_tokens += len(emitted)
+        stats.preemptions += batch.preempted
+        if batch.scheduled:
+            stats.steps += 1
+            stats.busy_s += duration_s
+        return StepResult(
+            duration_s=duration_s,
+            forward_s=forward_s,
+            stall_s=stall_s,
+            num_seqs=len(batch.scheduled),
+            prefill_tokens=batch.prefill_tokens,
+            decode_tokens=len(emitted),
+            distinct_adapters=len(batch.loras),
+            loads=loads,
+            emitted=emitted,
+            finished=finished,
+            preempted=batch.preempted,
+        )
 
+    def _schedule_running(self, batch: _Batch) -> None:
+        """Running requests first, in admission order; one that cannot grow preempts the newest."""
+        block = self.config.block_size
+        running = self.running
         i = 0
-        while i < len(running) and budget > 0:
+        while i < len(running) and batch.budget > 0:
             req = running[i]
             remaining = req.prefill_len - req.computed
-            n = min(remaining, budget) if remaining > 0 else 1
+            n = min(remaining, batch.budget) if remaining > 0 else 1
             need = -(-(req.kv_tokens + n) // block) - req.blocks
             self_preempted = False
             while need > self.free_blocks:
                 victim = running.pop()
                 self._preempt(victim)
-                preempted += 1
+                batch.preempted += 1
                 if victim is req:
                     self_preempted = True
                     break
@@ -291,24 +338,22 @@ class Engine:
                 break
             self.free_blocks -= need
             req.blocks += need
-            scheduled.append((req, n))
-            budget -= n
-            if remaining > 0:
-                prefill_tokens += n
-            if req.adapter is not None:
-                loras[req.adapter.lora_id] = req.adapter
+            batch.add(req, n, prefill=remaining > 0)
             i += 1
 
-        waiting = self.waiting
+    def _schedule_waiting(self, batch: _Batch) -> None:
+        """Waiting requests first-come first-served, under the max-loras rule and the KV blocks free."""
+        cfg = self.config
+        waiting, running = self.waiting, self.running
         skipped: list[SimRequest] = []
-        while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
+        while waiting and batch.budget > 0 and len(running) < cfg.max_num_seqs:
             req = waiting[0]
             adapter = req.adapter
-            if adapter is not None and len(loras) >= cfg.max_loras and adapter.lora_id not in loras:
+            if adapter is not None and len(batch.loras) >= cfg.max_loras and adapter.lora_id not in batch.loras:
                 skipped.append(waiting.popleft())  # vLLM: scheduling would exceed max_loras
                 continue
-            n = min(req.prefill_len - req.computed, budget)
-            need = -(-(req.kv_tokens + n) // block) - req.blocks
+            n = min(req.prefill_len - req.computed, batch.budget)
+            need = -(-(req.kv_tokens + n) // cfg.block_size) - req.blocks
             if need > self.free_blocks:
                 break
             waiting.popleft()
@@ -316,27 +361,17 @@ class Engine:
             running.append(req)
             self.free_blocks -= need
             req.blocks += need
-            scheduled.append((req, n))
-            budget -= n
-            prefill_tokens += n
+            batch.add(req, n, prefill=True)
             if adapter is not None:
-                loras[adapter.lora_id] = adapter
                 _dec(self._waiting_names, adapter.name)
                 _inc(self._running_names, adapter.name)
         if skipped:
             waiting.extendleft(reversed(skipped))
 
-        loads: tuple[LoadEvent, ...] = ()
-        stall_s = 0.0
-        if loras:
-            loads = self._activate(loras)
-            stall_s = sum(event.seconds for event in loads)
-            self._account_loads(loads)
-        forward_s = self.timing.forward_s(len(scheduled), prefill_tokens, len(loras))
-        duration_s = forward_s + stall_s
-        self.clock_s += duration_s
-        now = self.clock_s
-
+    def _advance(
+        self, scheduled: list[tuple[SimRequest, int]], *, now: float
+    ) -> tuple[list[SimRequest], list[SimRequest]]:
+        """Credit each scheduled request its tokens; those that sample emit one, some finish."""
         emitted: list[SimRequest] = []
         finished: list[SimRequest] = []
         stats = self.stats
@@ -361,26 +396,8 @@ class Engine:
                 stats.finished[req.finish_reason] += 1
                 finished.append(req)
         if finished:
-            self.running = [r for r in running if r.state == RUNNING]
-        decode_tokens = len(emitted)
-        stats.generation_tokens += decode_tokens
-        stats.preemptions += preempted
-        if scheduled:
-            stats.steps += 1
-            stats.busy_s += duration_s
-        return StepResult(
-            duration_s=duration_s,
-            forward_s=forward_s,
-            stall_s=stall_s,
-            num_seqs=len(scheduled),
-            prefill_tokens=prefill_tokens,
-            decode_tokens=decode_tokens,
-            distinct_adapters=len(loras),
-            loads=loads,
-            emitted=emitted,
-            finished=finished,
-            preempted=preempted,
-        )
+            self.running = [r for r in self.running if r.state == RUNNING]
+        return emitted, finished
 
     # -- internals ------------------------------------------------------------------------
 
