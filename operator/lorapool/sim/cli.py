@@ -27,7 +27,16 @@ log = logging.getLogger("lorapool.sim")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    """Every flag, in the groups ``--help`` shows: vLLM's own (server, LoRA, scheduler), the simulator's, timing."""
     vllm = parser.add_argument_group("vLLM flags (same names and defaults as vllm serve)")
+    _server_flags(vllm)
+    _lora_flags(vllm)
+    _engine_flags(vllm)
+    _simulator_flags(parser)
+    _timing_flags(parser)
+
+
+def _server_flags(vllm: argparse._ArgumentGroup) -> None:
     vllm.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
     vllm.add_argument("--port", type=int, default=8000, help="port; 0 picks a free one (default %(default)s)")
     vllm.add_argument(
@@ -36,6 +45,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     vllm.add_argument(
         "--served-model-name", nargs="+", default=None, help="name(s) clients use for the base model (default: --model)"
     )
+
+
+def _lora_flags(vllm: argparse._ArgumentGroup) -> None:
     vllm.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters")
     vllm.add_argument(
         "--max-loras", type=int, default=1, help="GPU slots: most distinct adapters in a batch (default 1)"
@@ -56,6 +68,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="NAME=PATH",
         help='adapters loaded at start: name=path or {"name": ..., "path": ...}',
     )
+
+
+def _engine_flags(vllm: argparse._ArgumentGroup) -> None:
+    """Scheduler, KV cache and sampling seed."""
     vllm.add_argument(
         "--max-num-seqs", type=int, default=None, help="most sequences in a batch (default: profile, 256)"
     )
@@ -72,6 +88,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     vllm.add_argument("--seed", type=int, default=0, help="seed of output text and lengths (default 0)")
 
+
+def _simulator_flags(parser: argparse.ArgumentParser) -> None:
     sim = parser.add_argument_group("simulator")
     sim.add_argument(
         "--time-scale",
@@ -84,6 +102,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     sim.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
 
+
+def _timing_flags(parser: argparse.ArgumentParser) -> None:
     timing = parser.add_argument_group("timing model overrides (see lorapool/sim/README.md)")
     for f in timing_fields():
         help_text = f"{f.metadata['doc']} (default {f.default}; {f.metadata['source']})"
