@@ -1,4 +1,11 @@
-"""Write RESULTS.md and the plots from a results.json produced by run.py."""
+"""Write RESULTS.md and the plots from a results.json produced by run.py.
+
+Every line of RESULTS.md comes from here: the numbers and verdicts from results.json, the
+method from METHOD.md (text about how the benchmark works, no measured number in it). So
+``python bench/run.py --report-only`` rebuilds the whole file, and a re-run cannot leave
+stale prose beside new numbers. ``render`` is pure (a test rebuilds the committed file from
+the committed results.json byte for byte); ``write_report`` adds the plots and writes.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.scenarios import LORAPOOL_AFFINITY as AFFINITY
-from bench.scenarios import LORAPOOL_ROUND_ROBIN
+from bench.scenarios import LORAPOOL_ROUND_ROBIN, ORACLE
+from bench.targets import CAPACITY_ADDED_P99_MS, TARGETS, capacity, runs_by_scenario
 
-ROUND_ROBINS = (LORAPOOL_ROUND_ROBIN, "nginx round-robin", "vllm-router round_robin")
+METHOD = Path(__file__).with_name("METHOD.md")
+PLOTS = ("goodput.png", "ttft_p99.png", "overhead.png")
 
 
 def _f(x: Any, digits: int = 2) -> str:
@@ -20,119 +29,100 @@ def _f(x: Any, digits: int = 2) -> str:
     return f"{x:.{digits}f}"
 
 
-def _runs_by_scenario(data: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
-    out: dict[str, dict[str, dict[str, Any]]] = {}
-    for run in data["runs"]:
-        out.setdefault(run["scenario"], {})[run["system"]] = run
-    return out
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else math.nan
+
+
+def _session(run: dict[str, Any], data: dict[str, Any]) -> str:
+    """When a cell was measured: its own date, else the date of the run that wrote results.json."""
+    return str(run.get("date") or data["date"])
+
+
+def sessions(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every benchmark run whose cells this results.json holds, oldest first."""
+    found = {s["date"]: s for s in data.get("sessions", [])}
+    found.setdefault(data["date"], {"date": data["date"], "command": data["command"], "machine": data["machine"]})
+    return sorted(found.values(), key=lambda s: s["date"])
 
 
 def headline(data: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per scenario: affinity vs round-robin and vs the best adapter-blind/baseline policy."""
+    """Per scenario: affinity vs round-robin, vs the best baseline and vs the oracle."""
     rows = []
-    for name, runs in _runs_by_scenario(data).items():
+    for name, runs in runs_by_scenario(data).items():
         aff = runs.get(AFFINITY)
-        if not aff or "error" in aff:
+        if not aff:
             continue
-        rr = runs.get(LORAPOOL_ROUND_ROBIN)
-        others = {k: v for k, v in runs.items() if k != AFFINITY and "error" not in v}
+        rr, oracle = runs.get(LORAPOOL_ROUND_ROBIN), runs.get(ORACLE)
+        others = {k: v for k, v in runs.items() if k not in (AFFINITY, ORACLE)}
         best_name = max(others, key=lambda k: others[k]["goodput_rps"], default=None)
-        best = others.get(best_name) if best_name else None
         row: dict[str, Any] = {"scenario": name, "best_other": best_name}
-        if rr and "error" not in rr:
-            row["goodput_vs_rr"] = aff["goodput_rps"] / max(rr["goodput_rps"], 1e-9)
-            row["p99_rr_over_aff"] = rr["ttft_p99_s"] / max(aff["ttft_p99_s"], 1e-9)
-        if best:
-            row["goodput_vs_best_pct"] = 100.0 * (aff["goodput_rps"] / max(best["goodput_rps"], 1e-9) - 1)
-            row["p99_vs_best_pct"] = 100.0 * (aff["ttft_p99_s"] / max(best["ttft_p99_s"], 1e-9) - 1)
+        if rr:
+            row["goodput_vs_rr"] = _ratio(aff["goodput_rps"], rr["goodput_rps"])
+            row["p99_rr_over_aff"] = _ratio(rr["ttft_p99_s"], aff["ttft_p99_s"])
+            row["loads"] = f"{_f(aff['stalls_per_1k'], 0)} vs {_f(rr['stalls_per_1k'], 0)}"
+        if best_name:
+            best = others[best_name]
+            row["goodput_vs_best_pct"] = 100.0 * (_ratio(aff["goodput_rps"], best["goodput_rps"]) - 1)
+            row["p99_vs_best_pct"] = 100.0 * (_ratio(aff["ttft_p99_s"], best["ttft_p99_s"]) - 1)
+        if oracle:
+            row["goodput_of_oracle"] = _ratio(aff["goodput_rps"], oracle["goodput_rps"])
+            row["oracle_p99_over_aff"] = _ratio(oracle["ttft_p99_s"], aff["ttft_p99_s"])
         rows.append(row)
     return rows
 
 
-def plot(data: dict[str, Any], out: Path) -> list[str]:
-    """Goodput and p99 TTFT per scenario and system; overhead latency CDF. Returns file names."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    by = _runs_by_scenario(data)
-    scenarios = list(by)
-    systems: list[str] = []
-    for runs in by.values():
-        systems += [s for s in runs if s not in systems]
-    files = []
-    for key, label, fname, log in (
-        ("goodput_rps", "goodput (req/s within the TTFT SLO, simulated time)", "goodput.png", False),
-        ("ttft_p99_s", "TTFT p99 (simulated seconds, log scale)", "ttft_p99.png", True),
-    ):
-        fig, ax = plt.subplots(figsize=(12, 4.8))
-        width = 0.8 / max(1, len(systems))
-        for i, system in enumerate(systems):
-            values = []
-            for sc in scenarios:
-                run = by[sc].get(system, {})
-                v = run.get(key, math.nan) if "error" not in run else math.nan
-                values.append(min(v, 1e3) if isinstance(v, float) else math.nan)
-            xs = [j + (i - len(systems) / 2 + 0.5) * width for j in range(len(scenarios))]
-            ax.bar(xs, values, width, label=system)
-        ax.set_xticks(range(len(scenarios)), scenarios, rotation=15)
-        ax.set_ylabel(label)
-        if log:
-            ax.set_yscale("log")
-        ax.legend(fontsize=7, ncol=4)
-        ax.grid(axis="y", alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(out / fname, dpi=110)
-        plt.close(fig)
-        files.append(fname)
-    overhead = data.get("overhead")
-    if overhead and overhead.get("rates"):
-        fig, axes = plt.subplots(1, len(overhead["rates"]), figsize=(12, 4.2))
-        for ax, (rate, systems_stats) in zip(axes, overhead["rates"].items(), strict=False):
-            for name, stats in systems_stats.items():
-                if stats["cdf_ms"]:
-                    ax.plot(stats["cdf_ms"], range(1, 100), label=name)
-            ax.set_xscale("log")
-            ax.set_xlabel("request latency, ms (log)")
-            ax.set_ylabel("percentile")
-            ax.set_title(f"{rate} req/s, --time-scale 0 backend")
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / "overhead.png", dpi=110)
-        plt.close(fig)
-        files.append("overhead.png")
-    return files
-
-
-def write_report(data: dict[str, Any], out: Path, report: Path) -> None:
-    """RESULTS.md: method, headline ratios, a table per scenario, overhead, plots."""
-    files = plot(data, out)
-    rel = out.relative_to(report.parent) if out.is_relative_to(report.parent) else out
+def _targets(data: dict[str, Any]) -> list[str]:
     lines = [
-        "# Routing benchmark results",
+        "## Targets",
         "",
-        f"- Command: `{data['command']}`",
-        f"- Date: {data['date']}",
-        f"- Machine: {data['machine']} (shared with other engineers' processes while it ran)",
+        "Each target is a record in `bench/targets.py` (issue, bound); its verdict is computed from"
+        " results.json: met when every cell is within the bound.",
         "",
+        "| issue | target | bound | measured | verdict |",
+        "|---|---|---|---|---|",
+    ]
+    for t in TARGETS:
+        cells, verdict = t.verdict(data)
+        shown = []
+        for c in cells:
+            mark = "" if t.passes(c) else " (out)"
+            limit = f", bound {_f(c.limit)}{t.unit}" if c.limit is not None and c.limit != t.limit else ""
+            digits = 0 if t.unit == " req/s" else 2
+            shown.append(f"{_f(c.value, digits)}{t.unit} {c.label}{limit}{mark}")
+        lines.append(f"| {t.issue} | {t.what} | {t.bound} | {'; '.join(shown) or '-'} | {verdict} |")
+    return [*lines, ""]
+
+
+def _headline(data: dict[str, Any]) -> list[str]:
+    lines = [
         "## Headline (lorapool affinity vs the others, same run)",
         "",
+        "Oracle columns: affinity's goodput as a fraction of the oracle's, and the oracle's p99 TTFT"
+        " as a fraction of affinity's (1.00 = as good as the bound).",
+        "",
         "| scenario | goodput vs lorapool round-robin | p99 TTFT: round-robin / affinity"
-        " | best other system | goodput vs best other | p99 TTFT vs best other |",
-        "|---|---|---|---|---|---|",
+        " | adapter loads /1k: affinity vs round-robin | best other system | goodput vs best other"
+        " | p99 TTFT vs best other | goodput / oracle's | oracle's p99 TTFT / affinity's |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in headline(data):
         lines.append(
             f"| {row['scenario']} | {_f(row.get('goodput_vs_rr'))}x | {_f(row.get('p99_rr_over_aff'))}x"
-            f" | {row.get('best_other') or '-'} | {_f(row.get('goodput_vs_best_pct'), 1)} %"
-            f" | {_f(row.get('p99_vs_best_pct'), 1)} % |"
+            f" | {row.get('loads', '-')} | {row.get('best_other') or '-'}"
+            f" | {_f(row.get('goodput_vs_best_pct'), 1)} % | {_f(row.get('p99_vs_best_pct'), 1)} %"
+            f" | {_f(row.get('goodput_of_oracle'))} | {_f(row.get('oracle_p99_over_aff'))} |"
         )
-    lines += ["", "## Per scenario", ""]
-    scenarios = {s["name"]: s for s in data["scenarios"]}
-    for name, runs in _runs_by_scenario(data).items():
-        sc = scenarios.get(name, {})
+    return [*lines, ""]
+
+
+def _scenarios(data: dict[str, Any]) -> list[str]:
+    lines = ["## Per scenario", ""]
+    described = {s["name"]: s for s in data["scenarios"]}
+    by: dict[str, dict[str, dict[str, Any]]] = {}
+    for run in data["runs"]:
+        by.setdefault(run["scenario"], {})[run["system"]] = run
+    for name, runs in by.items():
+        sc = described.get(name, {})
         fleet = sc.get("fleet", {})
         lines += [
             f"### {name}: {sc.get('about', '')}",
@@ -143,50 +133,175 @@ def write_report(data: dict[str, Any], out: Path, report: Path) -> None:
             f"{sc.get('warmup_s')} s are warm-up (not counted).",
             "",
             "| system | throughput req/s | goodput req/s | TTFT p50 s | TTFT p99 s"
-            " | adapter loads /1k req | disk loads /1k req | load stall s /1k req | failed |",
-            "|---|---|---|---|---|---|---|---|---|",
+            " | adapter loads /1k req | disk loads /1k req | load stall s /1k req | failed | measured |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for system, r in runs.items():
+            when = _session(r, data)
             if "error" in r:
-                lines.append(f"| {system} | error: {r['error'][:80]} | | | | | | | |")
+                lines.append(f"| {system} | error: {r['error'][:80]} | | | | | | | | {when} |")
                 continue
             lines.append(
                 f"| {system} | {_f(r['throughput_rps'], 1)} | {_f(r['goodput_rps'], 1)}"
                 f" | {_f(r['ttft_p50_s'], 3)} | {_f(r['ttft_p99_s'], 3)} | {_f(r['stalls_per_1k'], 0)}"
-                f" | {_f(r['disk_loads_per_1k'], 0)} | {_f(r['stall_s_per_1k'], 2)} | {r['failed']} |"
+                f" | {_f(r['disk_loads_per_1k'], 0)} | {_f(r['stall_s_per_1k'], 2)} | {r['failed']} | {when} |"
             )
         lines.append("")
+    return lines
+
+
+def _spread(values: list[float]) -> str:
+    return f"{_f(min(values), 1)}-{_f(max(values), 1)}" if values else "-"
+
+
+def _overhead(data: dict[str, Any]) -> list[str]:
     overhead = data.get("overhead")
-    if overhead:
+    if not overhead:
+        return []
+    rates = overhead["rates"]
+    when = overhead.get("date") or data["date"]
+    lines = [
+        "## Router overhead",
+        "",
+        f"Measured {when}. One replica with `--time-scale 0`, non-streamed 1-token requests, open loop,"
+        f" {overhead['duration_s']} s per rate, {overhead['repeats']} repeats interleaved across systems"
+        " (medians; the range shows the noise of the shared machine). Added = the system's percentile"
+        " minus direct's in the same repeat, then the median over repeats when the runs hold it"
+        f" (else the difference of the medians). Load average (1 min) at the end: {_f(overhead.get('loadavg_1m'))}.",
+        "",
+        "| rate | system | latency p50 ms | p99 ms | added p50 ms | added p99 ms | p99 per run ms"
+        " | added p99 range ms | late sends % |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for rate, systems in rates.items():
+        for name, s in systems.items():
+            runs99 = ", ".join(_f(v, 1) for v in s["p99_ms_runs"])
+            late = _f(s["late_pct"], 1) if "late_pct" in s else "-"
+            lines.append(
+                f"| {rate} req/s | {name} | {_f(s['p50_ms'])} | {_f(s['p99_ms'])}"
+                f" | {_f(s['added_p50_ms'])} | {_f(s['added_p99_ms'])} | {runs99}"
+                f" | {_spread(s.get('added_p99_ms_runs', []))} | {late} |"
+            )
+    lines.append("")
+    names = [n for n in next(iter(rates.values()), {}) if n != "direct"]
+    if len(rates) >= 3:
         lines += [
-            "## Router overhead",
-            "",
-            f"One replica with `--time-scale 0`, non-streamed 1-token requests, open loop, "
-            f"{overhead['duration_s']} s per run, {overhead['repeats']} interleaved repeats "
-            "(medians; the per-run values show the noise of the shared machine).",
-            "",
-            "| rate | system | latency p50 ms | p99 ms | added p50 ms | added p99 ms | p99 per run |",
-            "|---|---|---|---|---|---|---|",
+            f"Capacity (highest rate with a median added p99 <= {CAPACITY_ADDED_P99_MS:g} ms, every lower"
+            " rate too): " + ", ".join(f"{n} {_f(capacity(rates, n), 0)} req/s" for n in names) + "."
         ]
-        for rate, systems in overhead["rates"].items():
-            for name, s in systems.items():
-                runs99 = ", ".join(_f(v, 1) for v in s["p99_ms_runs"])
-                lines.append(
-                    f"| {rate} req/s | {name} | {_f(s['p50_ms'])} | {_f(s['p99_ms'])}"
-                    f" | {_f(s['added_p50_ms'])} | {_f(s['added_p99_ms'])} | {runs99} |"
-                )
-        relay = overhead["relay"]
+        limit = overhead.get("loadgen_limit_rps")
         lines += [
+            "The load generator (one Python process) falls behind its schedule (> 1 % of requests sent"
+            f" > 5 ms late, direct) at {_f(limit, 0)} req/s: rates from there on measure it, not the routers."
+            if limit
+            else "The load generator kept its schedule (<= 1 % late sends, direct) at every rate measured.",
             "",
-            "First streamed chunk (TTFT) on a real-time replica, 20 req/s, direct vs through"
-            f" lorapool: p50 {_f(relay['direct']['p50_ms'], 1)} vs"
+        ]
+    relay = overhead.get("relay")
+    if relay:
+        runs = relay.get("added_p99_ms_runs")
+        spread = f"; added p99 per repeat {', '.join(_f(v, 1) for v in runs)} ms" if runs else ""
+        lines += [
+            f"First streamed chunk (TTFT) on a real-time replica, {_f(relay.get('rate_rps', 20.0), 0)} req/s, direct"
+            f" vs through lorapool: p50 {_f(relay['direct']['p50_ms'], 1)} vs"
             f" {_f(relay[AFFINITY]['p50_ms'], 1)} ms (+{_f(relay['added_p50_ms'], 1)}),"
             f" p99 {_f(relay['direct']['p99_ms'], 1)} vs {_f(relay[AFFINITY]['p99_ms'], 1)} ms"
-            f" (+{_f(relay['added_p99_ms'], 1)}).",
+            f" (+{_f(relay['added_p99_ms'], 1)}){spread}.",
             "",
         ]
-    lines += ["## Plots", ""] + [f"![{f}]({rel}/{f})" for f in files] + [""]
-    notes = Path(__file__).with_name("NOTES.md")
-    if notes.exists():
-        lines += [notes.read_text()]
-    report.write_text("\n".join(lines))
+    return lines
+
+
+def render(data: dict[str, Any], plots_dir: str = "results") -> str:
+    """The whole of RESULTS.md for ``data``; ``plots_dir`` is the plots' path relative to it."""
+    lines = ["# Routing benchmark results", "", "Written by `bench/report.py` from `bench/results/results.json`:"]
+    lines += ["do not edit by hand (`python bench/run.py --report-only` rewrites it).", ""]
+    lines += ["| measured | command | machine |", "|---|---|---|"]
+    for s in sessions(data):
+        lines.append(f"| {s['date']} | `{s['command']}` | {s['machine']} |")
+    over = data.get("overhead") or {}
+    if over.get("date") and over.get("command"):
+        lines.append(f"| {over['date']} | `{over['command']}` (overhead) | {over.get('machine', data['machine'])} |")
+    lines += [
+        "",
+        "Every run shared its 2 cores with other engineers' processes (builds, tests), so cells are"
+        " noisy: compare systems within one run, and read ratios rather than absolute values.",
+        "",
+    ]
+    lines += _targets(data) + _headline(data) + _scenarios(data) + _overhead(data)
+    lines += ["## Plots", ""] + [f"![{f}]({plots_dir}/{f})" for f in PLOTS] + [""]
+    lines += [METHOD.read_text().rstrip("\n"), ""]
+    return "\n".join(lines)
+
+
+def plot(data: dict[str, Any], out: Path) -> None:
+    """Goodput and p99 TTFT per scenario and system; overhead latency CDF."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by = runs_by_scenario(data)
+    scenarios = list(by)
+    systems: list[str] = []
+    for runs in by.values():
+        systems += [s for s in runs if s not in systems]
+    for key, label, fname, log in (
+        ("goodput_rps", "goodput (req/s within the TTFT SLO, simulated time)", "goodput.png", False),
+        ("ttft_p99_s", "TTFT p99 (simulated seconds, log scale)", "ttft_p99.png", True),
+    ):
+        fig, ax = plt.subplots(figsize=(12, 4.8))
+        width = 0.8 / max(1, len(systems))
+        for i, system in enumerate(systems):
+            values = []
+            for sc in scenarios:
+                v = by[sc].get(system, {}).get(key, math.nan)
+                values.append(min(v, 1e3) if isinstance(v, float) else math.nan)
+            xs = [j + (i - len(systems) / 2 + 0.5) * width for j in range(len(scenarios))]
+            ax.bar(xs, values, width, label=system)
+        ax.set_xticks(range(len(scenarios)), scenarios, rotation=15)
+        ax.set_ylabel(label)
+        if log:
+            ax.set_yscale("log")
+        ax.legend(fontsize=7, ncol=3)
+        ax.grid(axis="y", alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out / fname, dpi=110)
+        plt.close(fig)
+    overhead = data.get("overhead")
+    if overhead and overhead.get("rates"):
+        rates = overhead["rates"]
+        fig, (curve, cdf) = plt.subplots(1, 2, figsize=(12, 4.2))
+        names = list(next(iter(rates.values())))
+        xs = sorted(rates, key=float)
+        for name in names:
+            if name == "direct":
+                continue
+            ys = [rates[r].get(name, {}).get("added_p99_ms", math.nan) for r in xs]
+            curve.plot([float(x) for x in xs], ys, marker="o", label=name)
+        curve.axhline(CAPACITY_ADDED_P99_MS, color="grey", linestyle="--", linewidth=1)
+        curve.set_xlabel("offered rate, req/s")
+        curve.set_ylabel("added p99 latency, ms (median of repeats)")
+        curve.set_yscale("symlog", linthresh=1.0)
+        curve.grid(alpha=0.3)
+        curve.legend(fontsize=7)
+        rate = "500" if "500" in rates else xs[-1]
+        for name, stats in rates[rate].items():
+            if stats["cdf_ms"]:
+                cdf.plot(stats["cdf_ms"], range(1, 100), label=name)
+        cdf.set_xscale("log")
+        cdf.set_xlabel("request latency, ms (log)")
+        cdf.set_ylabel("percentile")
+        cdf.set_title(f"{rate} req/s, --time-scale 0 backend")
+        cdf.grid(alpha=0.3)
+        cdf.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / "overhead.png", dpi=110)
+        plt.close(fig)
+
+
+def write_report(data: dict[str, Any], out: Path, report: Path) -> None:
+    """Plots into ``out``, RESULTS.md at ``report``."""
+    plot(data, out)
+    rel = out.relative_to(report.parent) if out.is_relative_to(report.parent) else out
+    report.write_text(render(data, rel.as_posix()))

@@ -2,6 +2,8 @@
 
     python bench/run.py --out bench/results            # everything (about an hour on 2 cores)
     python bench/run.py --out /tmp/r --only a-uniform-poisson --systems "lorapool affinity"
+    python bench/run.py --merge --skip-overhead --only c-uniform-poisson   # re-measure some cells
+    python bench/run.py --report-only                  # rewrite RESULTS.md from results.json
 
 Every run starts fresh simulator replicas (cold caches, same seed), then one system in front
 of them, then replays the same seeded open-loop schedule. See RESULTS.md for the method.
@@ -29,7 +31,7 @@ from bench.loadgen import RunResult, run_open_loop, schedule, summarize
 from bench.overhead import run_overhead
 from bench.report import write_report
 from bench.scenarios import SCENARIOS, SYSTEMS, Scenario
-from bench.systems import System, sim_fleet
+from bench.systems import System, oracle_fleet, sim_fleet
 
 ADAPTERS = "/tmp/lorapool-bench-adapters"  # PEFT dirs, written once and reused (BENCH_ADAPTERS)
 
@@ -69,8 +71,9 @@ def run_one(scenario: Scenario, system: System, adapter_root: Path) -> dict[str,
     """One system on one scenario, with fresh replicas."""
     scale = scenario.fleet.time_scale
     started = time.monotonic()
+    fleet = oracle_fleet(scenario.fleet) if system.oracle else scenario.fleet
     with (
-        sim_fleet(scenario.fleet, adapter_root) as sims,
+        sim_fleet(fleet, adapter_root) as sims,
         system.start(sims, max_cpu_loras=scenario.fleet.max_cpu_loras, time_scale=scale) as url,
     ):
         result, before, after = asyncio.run(_measure(url, sims, scenario))
@@ -108,6 +111,37 @@ def describe(s: Scenario) -> dict[str, Any]:
     }
 
 
+def _stamp(argv: list[str] | None) -> dict[str, str]:
+    """When, how and where this run was made (every cell it measures carries its date)."""
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return {
+        "command": " ".join(
+            shlex.quote(a) for a in ["python", "bench/run.py", *(argv if argv is not None else sys.argv[1:])]
+        ),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()},"
+        f" load average {load} at the start",
+    }
+
+
+def merge(data: dict[str, Any], fresh: dict[str, Any], stamp: dict[str, str]) -> dict[str, Any]:
+    """Fold ``fresh`` cells into ``data``: a (scenario, system) cell measured again replaces the old one."""
+    sessions = data.setdefault("sessions", [])
+    if not any(s["date"] == data["date"] for s in sessions):
+        sessions.append({k: data[k] for k in ("date", "command", "machine")})
+    sessions.append(stamp)
+    by_key = {(r["scenario"], r["system"]): i for i, r in enumerate(data["runs"])}
+    for run in fresh["runs"]:
+        key = (run["scenario"], run["system"])
+        if key in by_key:
+            data["runs"][by_key[key]] = run
+        else:
+            data["runs"].append(run)
+    known = {s["name"] for s in data["scenarios"]}
+    data["scenarios"] += [s for s in fresh["scenarios"] if s["name"] not in known]
+    return data
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
@@ -115,7 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="comma-separated scenario names")
     parser.add_argument("--systems", default="", help="comma-separated system names")
     parser.add_argument("--skip-overhead", action="store_true")
-    parser.add_argument("--overhead-only", action="store_true")
+    parser.add_argument("--overhead-only", action="store_true", help="measure the overhead; keep OUT's scenario cells")
+    parser.add_argument(
+        "--merge", action="store_true", help="keep OUT's results.json and replace only the cells measured now"
+    )
     parser.add_argument("--report-only", action="store_true", help="rewrite RESULTS.md from OUT")
     args = parser.parse_args(argv)
     out: Path = args.out
@@ -125,24 +162,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.report_only:
         write_report(json.loads(results_path.read_text()), out, report)
         return 0
+    stamp = _stamp(argv)
+    adapter_root = Path(os.environ.get("BENCH_ADAPTERS", ADAPTERS))
     if args.overhead_only and results_path.exists():  # refresh the overhead section only
         data = json.loads(results_path.read_text())
-        data["overhead"] = run_overhead(Path(os.environ.get("BENCH_ADAPTERS", ADAPTERS)))
-        data["overhead_command"] = " ".join(["python", "bench/run.py", *(argv or sys.argv[1:])])
+        data["overhead"] = {**run_overhead(adapter_root), **stamp}
         results_path.write_text(json.dumps(data, indent=1, default=str))
         write_report(data, out, report)
         return 0
     scenarios = [s for s in SCENARIOS if not args.only or s.name in args.only.split(",")]
     systems = [s for s in SYSTEMS if not args.systems or s.name in args.systems.split(",")]
-    adapter_root = Path(os.environ.get("BENCH_ADAPTERS", ADAPTERS))
+    previous = json.loads(results_path.read_text()) if args.merge and results_path.exists() else None
     data: dict[str, Any] = {
-        "command": " ".join(shlex.quote(a) for a in ["python", "bench/run.py", *(argv or sys.argv[1:])]),
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        **stamp,
         "scenarios": [describe(s) for s in scenarios],
         "runs": [],
         "overhead": None,
     }
+    partial = out / "results.partial.json" if previous else results_path
     if not args.overhead_only:
         for scenario in scenarios:
             for system in systems:
@@ -150,13 +187,19 @@ def main(argv: list[str] | None = None) -> int:
                     summary = run_one(scenario, system, adapter_root)
                 except Exception as exc:  # a baseline that fails to start is reported, not fatal
                     summary = {"scenario": scenario.name, "system": system.name, "error": repr(exc)[:500]}
+                summary["date"] = stamp["date"]
                 data["runs"].append(summary)
                 shown = {k: v for k, v in summary.items() if k != "ttfts"}
                 print(json.dumps(shown, default=str), flush=True)
-                results_path.write_text(json.dumps(data, indent=1, default=str))
+                partial.write_text(json.dumps(data, indent=1, default=str))
     if not args.skip_overhead:
-        data["overhead"] = run_overhead(adapter_root)
+        data["overhead"] = {**run_overhead(adapter_root), **stamp}
         print(json.dumps({k: v for k, v in data["overhead"].items() if k != "cdf"}, default=str))
+    if previous is not None:
+        overhead = data["overhead"] or previous.get("overhead")
+        data = merge(previous, data, stamp)
+        data["overhead"] = overhead
+        partial.unlink(missing_ok=True)
     results_path.write_text(json.dumps(data, indent=1, default=str))
     write_report(data, out, report)
     print(f"wrote {report} and {out}/")

@@ -106,8 +106,13 @@ def lorapool_system(policy: RouterPolicy) -> System:
 LORAPOOL_AFFINITY = lorapool_system(RouterPolicy.AFFINITY).name
 LORAPOOL_ROUND_ROBIN = lorapool_system(RouterPolicy.ROUND_ROBIN).name
 
+# The upper bound: every adapter always resident, loads free, same KV cache (systems.oracle_fleet);
+# with nothing to group, spreading load is all that is left, so least-loaded routes it.
+ORACLE = "oracle (all adapters resident, free loads)"
+
 SYSTEMS: tuple[System, ...] = (
     *(lorapool_system(policy) for policy in registry.POLICIES),  # every --policy the router has
+    System(ORACLE, "lorapool", str(RouterPolicy.LEAST_LOADED), oracle=True),
     System("nginx round-robin", "nginx"),
     System("vllm-router round_robin", "vllm-router", "round_robin"),
     System("vllm-router power_of_two", "vllm-router", "power_of_two"),

@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench.loadgen import adapter_name
@@ -33,6 +33,39 @@ class FleetSpec:
     time_scale: float
     max_num_seqs: int = 256
     seed: int = 0
+    extra: tuple[str, ...] = ()  # more `lorapool sim` flags (the oracle's)
+
+
+# The simulator's load-cost parameters (lorapool/sim/README.md): zero makes every load free.
+FREE_LOADS = (
+    "--gpu-load-base-s", "--gpu-load-s-per-rank", "--disk-load-base-s", "--disk-load-s-per-rank",
+    "--disk-cold-extra-base-s", "--disk-cold-extra-s-per-rank",
+)  # fmt: skip
+MAX_LORA_RANK = 8  # the benchmark's adapters are rank 8
+
+
+def kv_cache_blocks(spec: FleetSpec) -> int:
+    """The KV cache blocks a replica of ``spec`` has (the simulator's memory model, block size 16)."""
+    from lorapool.sim.cli import PROFILES
+    from lorapool.sim.timing import kv_cache_tokens
+
+    tokens = kv_cache_tokens(
+        PROFILES["a100-llama3-8b"], gpu_memory_utilization=0.9, enable_lora=True,
+        max_loras=spec.max_loras, max_lora_rank=MAX_LORA_RANK,
+    )  # fmt: skip
+    return tokens // 16
+
+
+def oracle_fleet(spec: FleetSpec) -> FleetSpec:
+    """The same replicas with every adapter always resident and loads free: the bound no router beats.
+
+    A GPU slot and a CPU-cache entry for every adapter, every load-cost parameter zero, and the
+    KV cache pinned at the real fleet's size (vLLM would pay for the slots with KV cache; the
+    oracle must not). The per-adapter compute overhead of a mixed batch stays: it is not a load.
+    """
+    free = tuple(arg for flag in FREE_LOADS for arg in (flag, "0"))
+    blocks = ("--num-gpu-blocks-override", str(kv_cache_blocks(spec)))
+    return replace(spec, max_loras=spec.adapters, max_cpu_loras=spec.adapters, extra=(*free, *blocks))
 
 
 def write_adapters(root: Path, count: int) -> list[tuple[str, Path]]:
@@ -56,7 +89,7 @@ def sim_fleet(spec: FleetSpec, adapter_root: Path) -> Iterator[list[str]]:
         sim = start_sim(
             max_loras=spec.max_loras, max_cpu_loras=spec.max_cpu_loras, max_lora_rank=8,
             max_num_seqs=spec.max_num_seqs, time_scale=spec.time_scale, seed=spec.seed + i, log_level="WARNING",
-            lora_modules=dict(adapters), timeout_s=180,
+            lora_modules=dict(adapters), extra=spec.extra, timeout_s=180,
         )  # fmt: skip
         return sim.url, sim.proc
 
@@ -84,6 +117,7 @@ class System:
     kind: str  # direct | lorapool | nginx | vllm-router
     policy: str = ""
     args: tuple[str, ...] = ()  # extra command-line flags
+    oracle: bool = False  # runs on ``oracle_fleet`` instead of the scenario's fleet
 
     @contextmanager
     def start(
@@ -111,7 +145,9 @@ class System:
 
 @contextmanager
 def lorapool_router(backends: Sequence[str], policy: str, args: Sequence[str] = ()) -> Iterator[str]:
-    with start_router(backends, policy=policy, extra=["--log-level", "WARNING", *args], health_path="/health") as router:
+    with start_router(
+        backends, policy=policy, extra=["--log-level", "WARNING", *args], health_path="/health"
+    ) as router:
         yield router.url
 
 

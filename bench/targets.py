@@ -1,0 +1,182 @@
+"""The benchmark's targets: each a small record with its threshold; verdicts come from results.json.
+
+A target names the issue that set it, what is measured, the bound and which side of it passes.
+``cells`` reads the measured values out of a results.json (one per scenario, rate, ...); the
+verdict is "met" when every cell is on the right side, "missed" when one is not and "not
+measured" when results.json has no cell for it. Nothing here is written by hand after a run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from bench.scenarios import LORAPOOL_AFFINITY as AFFINITY
+from bench.scenarios import LORAPOOL_ROUND_ROBIN, ORACLE
+
+NGINX = "nginx round-robin"
+VLLM_ROUTER = "vllm-router round_robin"
+OVERHEAD_RATE = "500"
+CAPACITY_ADDED_P99_MS = 5.0
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One measured value; ``limit`` overrides the target's bound for this cell (e.g. nginx + 0.5 ms)."""
+
+    label: str
+    value: float
+    limit: float | None = None
+
+
+@dataclass(frozen=True)
+class Target:
+    issue: str
+    what: str
+    bound: str  # the threshold as the report prints it
+    limit: float
+    better: Literal["higher", "lower"]
+    unit: str
+    cells: Callable[[dict[str, Any]], list[Cell]]
+
+    def passes(self, cell: Cell) -> bool:
+        limit = self.limit if cell.limit is None else cell.limit
+        if math.isnan(cell.value):
+            return False
+        return cell.value >= limit if self.better == "higher" else cell.value <= limit
+
+    def verdict(self, data: dict[str, Any]) -> tuple[list[Cell], str]:
+        cells = self.cells(data)
+        if not cells:
+            return cells, "not measured"
+        return cells, "met" if all(self.passes(c) for c in cells) else "missed"
+
+
+def runs_by_scenario(data: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
+    """scenario -> system -> run, errors left out."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for run in data.get("runs", []):
+        if "error" not in run:
+            out.setdefault(run["scenario"], {})[run["system"]] = run
+    return out
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else math.inf if a > 0 else math.nan
+
+
+def _vs_rr(key: str, regime: str, invert: bool) -> Callable[[dict[str, Any]], list[Cell]]:
+    def cells(data: dict[str, Any]) -> list[Cell]:
+        regimes = {s["name"]: s["regime"] for s in data.get("scenarios", [])}
+        out = []
+        for name, runs in runs_by_scenario(data).items():
+            aff, rr = runs.get(AFFINITY), runs.get(LORAPOOL_ROUND_ROBIN)
+            if regimes.get(name) != regime or not aff or not rr:
+                continue
+            value = _ratio(rr[key], aff[key]) if invert else _ratio(aff[key], rr[key])
+            out.append(Cell(name, value))
+        return out
+
+    return cells
+
+
+def _baselines(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {k: v for k, v in runs.items() if k not in (AFFINITY, ORACLE)}
+
+
+def _vs_best_other(key: str) -> Callable[[dict[str, Any]], list[Cell]]:
+    """Affinity over the best baseline of each scenario (highest goodput, lowest p99)."""
+
+    def cells(data: dict[str, Any]) -> list[Cell]:
+        out = []
+        for name, runs in runs_by_scenario(data).items():
+            others = _baselines(runs)
+            if AFFINITY not in runs or not others:
+                continue
+            pick = max if key == "goodput_rps" else min
+            best = pick(others, key=lambda k: others[k][key])
+            out.append(Cell(f"{name} vs {best}", _ratio(runs[AFFINITY][key], others[best][key])))
+        return out
+
+    return cells
+
+
+def _regime_c_p99(data: dict[str, Any]) -> list[Cell]:
+    out = []
+    regimes = {s["name"]: s["regime"] for s in data.get("scenarios", [])}
+    for name, runs in runs_by_scenario(data).items():
+        rrs = [runs[k] for k in (LORAPOOL_ROUND_ROBIN, NGINX, VLLM_ROUTER) if k in runs]
+        if regimes.get(name) != "c" or AFFINITY not in runs or not rrs:
+            continue
+        best = min(r["ttft_p99_s"] for r in rrs)
+        out.append(Cell(f"{name} vs best round-robin", _ratio(runs[AFFINITY]["ttft_p99_s"], best)))
+    return out
+
+
+def _oracle_fraction(key: str) -> Callable[[dict[str, Any]], list[Cell]]:
+    def cells(data: dict[str, Any]) -> list[Cell]:
+        out = []
+        for name, runs in runs_by_scenario(data).items():
+            if AFFINITY in runs and ORACLE in runs:
+                out.append(Cell(name, _ratio(runs[AFFINITY][key], runs[ORACLE][key])))
+        return out
+
+    return cells
+
+
+def _added_p99(data: dict[str, Any]) -> list[Cell]:
+    systems = ((data.get("overhead") or {}).get("rates") or {}).get(OVERHEAD_RATE) or {}
+    if AFFINITY not in systems:
+        return []
+    nginx = systems.get(NGINX, {}).get("added_p99_ms")
+    limit = max(1.0, nginx + 0.5) if nginx is not None else 1.0
+    return [Cell(f"{OVERHEAD_RATE} req/s", systems[AFFINITY]["added_p99_ms"], limit)]
+
+
+def _first_chunk(data: dict[str, Any]) -> list[Cell]:
+    relay = (data.get("overhead") or {}).get("relay") or {}
+    return [Cell("streamed, real-time replica", relay["added_p99_ms"])] if "added_p99_ms" in relay else []
+
+
+def capacity(systems_by_rate: dict[str, dict[str, Any]], system: str) -> float | None:
+    """The highest rate at which ``system``'s median added p99 stays within the bound, and every lower one too."""
+    best: float | None = None
+    for rate in sorted(systems_by_rate, key=float):
+        stats = systems_by_rate[rate].get(system)
+        if stats is None:
+            continue
+        if stats["added_p99_ms"] > CAPACITY_ADDED_P99_MS or stats.get("errors", 0):
+            break
+        best = float(rate)
+    return best
+
+
+def _capacity(data: dict[str, Any]) -> list[Cell]:
+    rates = (data.get("overhead") or {}).get("rates") or {}
+    if len(rates) < 3 or not any(AFFINITY in s for s in rates.values()):
+        return []  # two rates are not a curve
+    found = capacity(rates, AFFINITY)
+    return [Cell("lorapool affinity", found if found is not None else 0.0)]
+
+
+TARGETS: tuple[Target, ...] = (
+    Target("grouping router", "regime (a): affinity's goodput over round-robin's", ">= 1.5x", 1.5, "higher", "x",
+           _vs_rr("goodput_rps", "a", invert=False)),
+    Target("grouping router", "regime (a): round-robin's p99 TTFT over affinity's", ">= 2x", 2.0, "higher", "x",
+           _vs_rr("ttft_p99_s", "a", invert=True)),
+    Target("grouping router", "every scenario: affinity's goodput over the best baseline's", ">= 0.95x", 0.95,
+           "higher", "x", _vs_best_other("goodput_rps")),
+    Target("grouping router", "every scenario: affinity's p99 TTFT over the best baseline's", "<= 1.05x", 1.05,
+           "lower", "x", _vs_best_other("ttft_p99_s")),
+    Target("12", "regime (c): affinity's p99 TTFT over the best round-robin's", "<= 1.05x", 1.05, "lower", "x",
+           _regime_c_p99),
+    Target("12", "router overhead: added p99 latency at 500 req/s", "<= 1 ms or <= nginx's + 0.5 ms", 1.0,
+           "lower", " ms", _added_p99),
+    Target("12", "added p99 to the first streamed chunk", "<= 1 ms", 1.0, "lower", " ms", _first_chunk),
+    Target("12", "capacity: highest rate with added p99 <= 5 ms (ours: at least the overhead target's 500 req/s)",
+           ">= 500 req/s", 500.0, "higher", " req/s", _capacity),
+    Target("12", "affinity's goodput as a fraction of the oracle's (the literature's best: within 7 %)", ">= 0.93",
+           0.93, "higher", "", _oracle_fraction("goodput_rps")),
+)  # fmt: skip
