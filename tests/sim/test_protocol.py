@@ -58,12 +58,12 @@ def test_token_id_prompts_count_one_token_each() -> None:
 @pytest.mark.parametrize(
     ("body", "chat", "param"),
     [
-        pytest.param([], False, None, id="not-an-object"),
         pytest.param({}, False, "prompt", id="no-prompt"),
         pytest.param({"prompt": ["a", "b"]}, False, "prompt", id="batch-of-prompts"),
         pytest.param({"prompt": "x", "max_tokens": 0}, False, "max_tokens", id="max-tokens-zero"),
         pytest.param({"prompt": "x", "max_tokens": "5"}, False, "max_tokens", id="max-tokens-string"),
-        pytest.param({"prompt": "x", "n": 2}, False, "n", id="n-above-1"),
+        pytest.param({"prompt": "x", "n": 0}, False, "n", id="n-zero"),
+        pytest.param({"prompt": "x", "n": 2, "stream": True}, False, "n", id="n-above-1-streamed"),
         pytest.param(
             {"prompt": "x", "stream_options": {"include_usage": True}},
             False,
@@ -71,7 +71,7 @@ def test_token_id_prompts_count_one_token_each() -> None:
             id="options-without-stream",
         ),
         pytest.param({"prompt": "x", "model": 3}, False, "model", id="model-not-string"),
-        pytest.param({"messages": []}, True, "messages", id="no-messages"),
+        pytest.param({"messages": []}, True, None, id="no-messages"),
         pytest.param({"messages": [{"content": "x"}]}, True, "messages", id="message-without-role"),
         pytest.param({"messages": [{"role": "user", "content": 5}]}, True, "messages", id="content-not-text"),
     ],
@@ -82,12 +82,25 @@ def test_bad_bodies_are_400(body: Any, chat: bool, param: str | None) -> None:
     assert (caught.value.status, caught.value.err_type, caught.value.param) == (400, "BadRequestError", param)
 
 
+def test_a_body_that_is_not_an_object_is_fastapis_validation_error() -> None:
+    with pytest.raises(RequestError) as caught:
+        parse_generation([1], chat=False)
+    assert (caught.value.status, caught.value.err_type, caught.value.param) == (400, "Bad Request", "body")
+
+
 @pytest.mark.parametrize(
     ("prompt", "max_tokens", "param", "text"),
     [
-        pytest.param(100, 1, "input_tokens", "your request has 100 input tokens", id="prompt-fills-context"),
         pytest.param(
-            90, 20, "max_tokens", "'max_tokens' or 'max_completion_tokens' is too large: 20", id="output-overflows"
+            101, 1, "input_tokens", "your prompt contains at least 101 input tokens", id="prompt-over-context"
+        ),
+        pytest.param(100, 1, "input_tokens", "your prompt contains 100 input tokens", id="prompt-fills-context"),
+        pytest.param(
+            10,
+            120,
+            "max_tokens",
+            "max_tokens=120 cannot be greater than max_model_len=100.",
+            id="max-tokens-over-context",
         ),
     ],
 )
@@ -100,6 +113,10 @@ def test_context_length_checks(prompt: int, max_tokens: int, param: str, text: s
 
 def test_context_that_fits_passes() -> None:
     assert check_context(90, 10, 100) == 10
+
+
+def test_output_that_would_overflow_the_context_is_capped_as_vllm_0_32_does() -> None:
+    assert check_context(90, 20, 100) == 10
 
 
 @pytest.mark.parametrize("chat", [False, True])

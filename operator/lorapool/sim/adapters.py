@@ -4,10 +4,13 @@ Called by the HTTP shell for ``/v1/load_lora_adapter`` and for ``--lora-modules`
 It reads the real files: ``adapter_config.json`` through ``lorapool.api.peft`` and the
 safetensors header through ``lorapool.testing.peft``; the tensors themselves are never loaded.
 
-Status codes follow vLLM's ``OpenAIServingModels.load_lora_adapter`` (vLLM 0.10.1 and later):
-any failure of the engine's ``add_lora`` is 400 ``BadRequestError``, except a missing adapter
-(``No adapter found``), which is 404 ``NotFoundError``. vLLM has no 500 for a bad adapter: rank
-above ``--max-lora-rank``, DoRA and unreadable tensors are all 400 with a message that says why.
+Status codes follow vLLM 0.32's ``OpenAIServingModels.load_lora_adapter``, measured against the
+real engine in ``tests/conformance``: a missing adapter (``No adapter found``) is 404
+``NotFoundError``; any other failure of the engine's ``add_lora`` (rank above
+``--max-lora-rank``, DoRA, unreadable tensors, a bad config) is **500** ``InternalServerError``
+with the worker's reason wrapped as ``Call to add_lora method failed: Worker failed with error
+'<reason>', please check the stack trace above for the root cause``. A client tells "bad
+adapter" from "engine down" by reading that message (``lorapool.sidecar.engine`` does).
 """
 
 from __future__ import annotations
@@ -25,6 +28,16 @@ LLAMA_LORA_MODULES = frozenset(
     {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "embed_tokens", "lm_head"}
 )
 _TENSOR_FILES = ("adapter_model.safetensors", "adapter_model.bin", "adapter_model.pt")
+
+
+def worker_failure(reason: str) -> AdapterLoadError:
+    """vLLM 0.32's 500 for an adapter its worker refused (the reason is the worker's own words)."""
+    return AdapterLoadError(
+        500,
+        "InternalServerError",
+        f"Call to add_lora method failed: Worker failed with error '{reason}', "
+        "please check the stack trace above for the root cause",
+    )
 
 
 class AdapterLoadError(Exception):
@@ -57,35 +70,43 @@ def read_adapter(name: str, path: str, *, max_lora_rank: int) -> AdapterFiles:
         raw = json.loads(config_file.read_text())
         config = parse_adapter_config(raw, where=str(config_file))
     except (OSError, ValueError, AdapterError) as exc:
-        raise AdapterLoadError(400, "BadRequestError", f"Loading lora {name} failed: {exc}") from exc
+        raise worker_failure(str(exc)) from exc
 
-    refusals = list(config.problems)
-    if config.rank > max_lora_rank:
-        refusals.insert(0, f"LoRA rank {config.rank} is greater than max_lora_rank {max_lora_rank}.")
-    if refusals:
-        raise AdapterLoadError(400, "BadRequestError", " ".join(refusals))
+    if refusals := worker_refusals(config, max_lora_rank):
+        raise worker_failure(" ".join(refusals))
 
     tensors = next((directory / f for f in _TENSOR_FILES if (directory / f).is_file()), None)
     if tensors is None:
-        raise AdapterLoadError(400, "BadRequestError", f"{path} doesn't contain tensors")
+        raise worker_failure(f"{path} doesn't contain tensors")
     if tensors.suffix != ".safetensors":
         return AdapterFiles(path=path, config=config, tensor_bytes=tensors.stat().st_size)
     try:
         modules = _check_safetensors(tensors)
     except (OSError, ValueError) as exc:
-        raise AdapterLoadError(
-            400,
-            "BadRequestError",
-            f"Loading lora {name} failed: {tensors.name} is not a readable safetensors file: {exc}",
-        ) from exc
+        raise worker_failure(f"{tensors.name} is not a readable safetensors file: {exc}") from exc
     if unexpected := sorted(modules - LLAMA_LORA_MODULES):
-        raise AdapterLoadError(
-            400,
-            "BadRequestError",
+        raise worker_failure(
             f"While loading {path}, expected target modules in {sorted(LLAMA_LORA_MODULES)} "
-            f"but received {unexpected}. Please verify that the loaded LoRA module is correct",
+            f"but received {unexpected}. Please verify that the loaded LoRA module is correct"
         )
     return AdapterFiles(path=path, config=config, tensor_bytes=tensors.stat().st_size)
+
+
+def worker_refusals(config: AdapterConfig, max_lora_rank: int) -> list[str]:
+    """Why vLLM 0.32's worker refuses a config, in its words and order (``PEFTHelper.validate_legal``)."""
+    refusals: list[str] = []
+    if unsupported := [m for m in config.modules_to_save if m not in ("classifier", "score")]:
+        refusals.append(
+            'vLLM only supports modules_to_save being either None or ["classifier", "score"] for '
+            f"classification models. Unsupported modules_to_save: {unsupported}"
+        )
+    if config.use_dora:
+        refusals.append("vLLM does not yet support DoRA.")
+    if config.rank > max_lora_rank:
+        refusals.append(f"LoRA rank {config.rank} is greater than max_lora_rank {max_lora_rank}.")
+    if config.bias != "none":
+        refusals.append("Adapter bias is not supported.")
+    return refusals
 
 
 def _check_safetensors(path: Path) -> set[str]:

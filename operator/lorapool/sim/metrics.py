@@ -4,9 +4,10 @@ Gauges and counters are read from the engine at scrape time (nothing to update p
 histograms are observed once per request by the shell. Every ``vllm:`` series carries vLLM's
 labels ``model_name`` (the first served model name) and ``engine`` ("0").
 
-``vllm:lora_requests_info`` behaves as vLLM's: after every engine step the series labelled with
-the current ``running_lora_adapters`` / ``waiting_lora_adapters`` (comma-separated names) is set
-to the current Unix time, and series for earlier label sets stay in the output with their older
+``vllm:lora_requests_info`` behaves as vLLM 0.32's (checked in ``tests/conformance``): after every
+engine step the series labelled with the current adapters is set to the current Unix time; both
+``running_lora_adapters`` and ``waiting_lora_adapters`` list every adapter with a request in
+flight, running or waiting (comma-separated, running ones first), and series for earlier label sets stay in the output with their older
 timestamps. A reader takes the series with the largest value, as the Gateway API Inference
 Extension does. Simulator-only series are under ``sim:`` so nobody mistakes them for vLLM's.
 """
@@ -72,7 +73,10 @@ class SimMetrics:
         waiting = self.engine.waiting_adapter_names()
         if (running, waiting) != self._lora_key:
             self._lora_key = (running, waiting)
-            self._lora_labels = (str(self.engine.config.max_loras), ",".join(waiting), ",".join(running))
+            # vLLM 0.32 lists every adapter with a request in flight in BOTH labels (its
+            # LoRARequestStates fills both dicts for each adapter, counts aside): so do we.
+            in_flight = ",".join(dict.fromkeys((*running, *waiting)))
+            self._lora_labels = (str(self.engine.config.max_loras), in_flight, in_flight)
         self.lora_info[self._lora_labels] = time.time()
 
     def render(self) -> bytes:

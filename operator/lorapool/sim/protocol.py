@@ -10,6 +10,7 @@ classes): errors are ``{"error": {"message", "type", "param", "code"}}`` (the ol
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -38,7 +39,43 @@ def dumps(obj: Any) -> bytes:
 
 
 def error_body(message: str, err_type: str, status: int, param: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": err_type, "param": param, "code": status}}
+    return {"error": {"message": sanitize_message(message), "type": err_type, "param": param, "code": status}}
+
+
+_SYSTEM_PATH = re.compile(r"/(?:home|usr|opt|var|tmp|root|lib|mnt|srv)(?:/[\w.\-]+)+")
+_FILE_PATH = re.compile(r"(?:/[\w\-]+)+/[\w\-]+\.\w+")
+
+
+def sanitize_message(message: str) -> str:
+    """Hide file paths as vLLM 0.32 does in every error message (they become ``<path>``)."""
+    return _FILE_PATH.sub("<path>", _SYSTEM_PATH.sub("<path>", message)).strip()
+
+
+def invalid_body(detail: str, loc: str | None) -> RequestError:
+    """FastAPI's request-validation error as vLLM 0.32 answers it: 400, type ``Bad Request``,
+    ``param`` = pydantic's location (``body``, ``body.lora_path``, ``body.<offset>``)."""
+    return RequestError(400, "Bad Request", f"1 validation error:\n  {detail}", loc)
+
+
+def missing_field(field: str, body: Mapping[str, Any]) -> RequestError:
+    detail = {
+        "type": "missing",
+        "loc": f"body.{field}",
+        "msg": "Field required",
+        "input": f"<dict of {len(body)} items>",
+    }
+    return invalid_body(repr(detail), f"body.{field}")
+
+
+def not_an_object(body: Any) -> RequestError:
+    kind = type(body).__name__
+    detail = {
+        "type": "model_attributes_type",
+        "loc": "body",
+        "msg": "Input should be a valid dictionary or object to extract fields from",
+        "input": f"<{kind} of {len(body)} items>" if isinstance(body, list | dict) else repr(body),
+    }
+    return invalid_body(repr(detail), "body")
 
 
 def bad_request(message: str, param: str | None = None) -> RequestError:
@@ -54,6 +91,8 @@ class Generation:
     prompt: str  # what seeds the output text
     prompt_tokens: int
     max_tokens: int | None
+    max_tokens_param: str  # the field the client set ("max_tokens" or "max_completion_tokens")
+    n: int
     stream: bool
     include_usage: bool
     ignore_eos: bool
@@ -63,29 +102,39 @@ class Generation:
 def parse_generation(body: Any, *, chat: bool) -> Generation:
     """Check a request body the way vLLM's request models do; raise RequestError if refused."""
     if not isinstance(body, Mapping):
-        raise bad_request("the request body must be a JSON object")
+        raise not_an_object(body)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad_request("'model' must be a string", "model")
     n = body.get("n", 1)
-    if n != 1 and n is not None:
-        raise bad_request("the simulator serves n=1 only", "n")
+    if n is None:
+        n = 1
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise bad_request(f"n must be at least 1, got {n}.", "n")
+    if n > 1 and body.get("stream"):
+        raise bad_request("the simulator streams n=1 only (n > 1 works without stream)", "n")
     if chat:
         messages = body.get("messages")
-        if not isinstance(messages, list) or not messages or not all(isinstance(m, Mapping) for m in messages):
+        if isinstance(messages, list) and not messages:
+            raise bad_request("Cannot apply chat template to an empty conversation. Provide at least one message.")
+        if not isinstance(messages, list) or not all(isinstance(m, Mapping) for m in messages):
             raise bad_request("'messages' must be a non-empty list of message objects", "messages")
         try:
             prompt_tokens, prompt = count_chat_tokens(messages)
         except ValueError as exc:
             raise bad_request(str(exc), "messages") from exc
         max_tokens = _optional_int(body, "max_completion_tokens")
+        param = "max_completion_tokens"
         if max_tokens is None:
-            max_tokens = _optional_int(body, "max_tokens")
+            max_tokens, param = _optional_int(body, "max_tokens"), "max_tokens"
     else:
+        param = "max_tokens"
         prompt, prompt_tokens = _completion_prompt(body.get("prompt"))
         max_tokens = _optional_int(body, "max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS)
     if max_tokens is not None and max_tokens < 1:
-        raise bad_request(f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens")
+        raise bad_request(
+            f"max_tokens must be at least 1, got {max_tokens}. (parameter=max_tokens, value={max_tokens})", "max_tokens"
+        )
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise bad_request("'stream' must be a boolean", "stream")
@@ -104,6 +153,8 @@ def parse_generation(body: Any, *, chat: bool) -> Generation:
         prompt=prompt,
         prompt_tokens=prompt_tokens,
         max_tokens=max_tokens,
+        max_tokens_param=param,
+        n=n,
         stream=stream,
         include_usage=include_usage,
         ignore_eos=bool(body.get("ignore_eos", False)),
@@ -135,26 +186,30 @@ def _completion_prompt(prompt: Any) -> tuple[str, int]:
     raise bad_request("'prompt' must be a string or a list of token ids (one prompt per request)", "prompt")
 
 
-def check_context(prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> int:
-    """vLLM's context-length checks; return max_tokens with the chat default filled in."""
+def check_context(prompt_tokens: int, max_tokens: int | None, max_model_len: int, param: str = "max_tokens") -> int:
+    """vLLM 0.32's context-length checks; return the output budget.
+
+    A prompt longer than the context and a ``max_tokens`` above ``max_model_len`` are refused;
+    otherwise the budget is capped to what the context has left (vLLM 0.32 no longer refuses
+    ``prompt + max_tokens > max_model_len``), and a chat request without a limit gets the rest.
+    """
     if prompt_tokens >= max_model_len:
+        qualifier = "at least " if prompt_tokens == max_model_len + 1 else ""
         raise bad_request(
-            f"This model's maximum context length is {max_model_len} tokens. However, your "
-            f"request has {prompt_tokens} input tokens. Please reduce the length of the input "
-            f"messages. (parameter=input_tokens, value={prompt_tokens})",
+            f"This model's maximum context length is {max_model_len} tokens. However, your prompt "
+            f"contains {qualifier}{prompt_tokens} input tokens, which exceeds this limit even without "
+            f"any output tokens. Please reduce the length of the input prompt. "
+            f"(parameter=input_tokens, value={prompt_tokens})",
             "input_tokens",
         )
-    if max_tokens is None:
-        return max_model_len - prompt_tokens
-    if prompt_tokens + max_tokens > max_model_len:
+    if max_tokens is not None and max_tokens > max_model_len:
         raise bad_request(
-            f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's "
-            f"maximum context length is {max_model_len} tokens and your request has "
-            f"{prompt_tokens} input tokens ({max_tokens} > {max_model_len} - {prompt_tokens}). "
-            f"(parameter=max_tokens, value={max_tokens})",
-            "max_tokens",
+            f"{param}={max_tokens} cannot be greater than max_model_len={max_model_len}. "
+            f"Please request fewer output tokens. (parameter={param}, value={max_tokens})",
+            param,
         )
-    return max_tokens
+    left = max_model_len - prompt_tokens
+    return left if max_tokens is None else min(max_tokens, left)
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
@@ -163,48 +218,100 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
         "prompt_tokens_details": None,
+        "completion_tokens_details": None,
     }
 
 
-def completion(rid: str, created: int, model: str, text: str, finish: str, used: dict[str, Any]) -> dict[str, Any]:
+SYSTEM_FINGERPRINT = "lorapool-sim"
+
+
+def completion_choice(index: int, text: str, finish: str) -> dict[str, Any]:
+    return {
+        "index": index,
+        "text": text,
+        "logprobs": None,
+        "finish_reason": finish,
+        "stop_reason": None,
+        "token_ids": None,
+        "prompt_logprobs": None,
+        "prompt_token_ids": None,
+        "routed_experts": None,
+    }
+
+
+def chat_choice(index: int, text: str, finish: str) -> dict[str, Any]:
+    message = {
+        "role": "assistant",
+        "content": text,
+        "refusal": None,
+        "annotations": None,
+        "audio": None,
+        "function_call": None,
+        "reasoning": None,
+    }
+    return {
+        "index": index,
+        "message": message,
+        "logprobs": None,
+        "finish_reason": finish,
+        "stop_reason": None,
+        "token_ids": None,
+        "routed_experts": None,
+    }
+
+
+def completion(
+    rid: str,
+    created: int,
+    model: str,
+    text: str,
+    finish: str,
+    used: dict[str, Any],
+    *,
+    choices: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """A /v1/completions answer (vLLM 0.32's keys); ``choices`` replaces the single one for n > 1."""
     return {
         "id": rid,
         "object": "text_completion",
         "created": created,
         "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "text": text,
-                "logprobs": None,
-                "finish_reason": finish,
-                "stop_reason": None,
-                "prompt_logprobs": None,
-            }
-        ],
+        "choices": choices if choices is not None else [completion_choice(0, text, finish)],
+        "service_tier": None,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
         "usage": used,
         "kv_transfer_params": None,
+        "ec_transfer_params": None,
+        "metrics": None,
     }
 
 
-def chat_completion(rid: str, created: int, model: str, text: str, finish: str, used: dict[str, Any]) -> dict[str, Any]:
+def chat_completion(
+    rid: str,
+    created: int,
+    model: str,
+    text: str,
+    finish: str,
+    used: dict[str, Any],
+    *,
+    choices: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """A /v1/chat/completions answer (vLLM 0.32's keys)."""
     return {
         "id": rid,
         "object": "chat.completion",
         "created": created,
         "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": []},
-                "logprobs": None,
-                "finish_reason": finish,
-                "stop_reason": None,
-            }
-        ],
+        "choices": choices if choices is not None else [chat_choice(0, text, finish)],
+        "service_tier": None,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
         "usage": used,
         "prompt_logprobs": None,
+        "prompt_token_ids": None,
+        "prompt_text": None,
         "kv_transfer_params": None,
+        "ec_transfer_params": None,
+        "metrics": None,
     }
 
 
@@ -257,8 +364,10 @@ def usage_chunk(rid: str, created: int, model: str, chat: bool, used: dict[str, 
     return {"id": rid, "object": kind, "created": created, "model": model, "choices": [], "usage": used}
 
 
-def model_card(model_id: str, created: int, root: str, parent: str | None, max_model_len: int | None) -> dict[str, Any]:
-    """A /v1/models entry; vLLM sets max_model_len on the base card only."""
+def model_card(
+    model_id: str, created: int, root: str, parent: str | None, max_model_len: int | None, perm_id: str
+) -> dict[str, Any]:
+    """A /v1/models entry; vLLM sets max_model_len on the base card only; ``perm_id`` is 16 hex digits."""
     return {
         "id": model_id,
         "object": "model",
@@ -269,7 +378,7 @@ def model_card(model_id: str, created: int, root: str, parent: str | None, max_m
         "max_model_len": max_model_len,
         "permission": [
             {
-                "id": f"modelperm-{model_id}",
+                "id": f"modelperm-{perm_id}",
                 "object": "model_permission",
                 "created": created,
                 "allow_create_engine": False,

@@ -270,11 +270,11 @@ class SimServer:
     async def models(self, request: web.Request) -> web.Response:
         s = self.settings
         cards = [
-            protocol.model_card(name, self.created, s.model, None, s.engine.max_model_len)
+            protocol.model_card(name, self.created, s.model, None, s.engine.max_model_len, uuid.uuid4().hex[:16])
             for name in s.served_model_names
         ]
         cards += [
-            protocol.model_card(ref.name, self.created, ref.path, s.served_model_names[0], None)
+            protocol.model_card(ref.name, self.created, ref.path, s.served_model_names[0], None, uuid.uuid4().hex[:16])
             for ref in self.adapters.values()
         ]
         return _json_response({"object": "list", "data": cards})
@@ -289,36 +289,64 @@ class SimServer:
         try:
             gen = protocol.parse_generation(await _read_json(request), chat=chat)
             model, adapter = self._resolve(gen.model)
-            max_tokens = protocol.check_context(gen.prompt_tokens, gen.max_tokens, self.settings.engine.max_model_len)
+            max_tokens = protocol.check_context(
+                gen.prompt_tokens, gen.max_tokens, self.settings.engine.max_model_len, gen.max_tokens_param
+            )
         except RequestError as exc:
             return _error(exc.status, exc.err_type, exc.message, exc.param)
+        # The adapter's path is part of the seed: another adapter, or an in-place reload from a
+        # new path, answers differently (as new weights would), the same one repeats itself.
+        seed_model = model if adapter is None else f"{model}@{adapter.path}"
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        loop = asyncio.get_running_loop()
+        seqs = [self._sequence(rid, i, gen, seed_model, max_tokens, adapter, loop.time()) for i in range(gen.n)]
+        self._kick()
+        try:
+            if gen.stream:
+                req, waiter, seed = seqs[0]
+                return await self._stream(request, req, waiter, gen, model, seed)
+            for _, waiter, _ in seqs:
+                while not waiter.done:
+                    waiter.future = loop.create_future()
+                    await waiter.future
+        finally:
+            for req, _, _ in seqs:
+                if req.state != FINISHED:
+                    self.engine.abort(req)
+        generated = sum(req.generated for req, _, _ in seqs)
+        used = protocol.usage(gen.prompt_tokens, generated)
+        choice = protocol.chat_choice if chat else protocol.completion_choice
+        choices = [
+            choice(i, output_text(seed, 0, req.generated), req.final_reason) for i, (req, _, seed) in enumerate(seqs)
+        ]
+        build = protocol.chat_completion if chat else protocol.completion
+        return _json_response(build(rid, int(time.time()), model, "", "", used, choices=choices))
+
+    def _sequence(
+        self,
+        rid: str,
+        index: int,
+        gen: protocol.Generation,
+        seed_model: str,
+        max_tokens: int,
+        adapter: AdapterRef | None,
+        now: float,
+    ) -> tuple[SimRequest, _Waiter, int]:
+        """Queue one output sequence (``n`` > 1 queues n of them, as vLLM's parallel sampling)."""
         timing = self.settings.timing
-        seed = request_seed(self.settings.seed, model, gen.prompt, gen.seed)
+        seed = request_seed(self.settings.seed, seed_model, gen.prompt, gen.seed)
+        if index:
+            seed = request_seed(seed, str(index), gen.prompt, gen.seed)
         natural = natural_output_tokens(seed, timing.natural_output_tokens_min, timing.natural_output_tokens_max)
         if gen.ignore_eos or natural >= max_tokens:
             output_tokens, reason = max_tokens, "length"
         else:
             output_tokens, reason = natural, "stop"
-        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        req = SimRequest(rid, gen.prompt_tokens, output_tokens, reason, adapter)
-        loop = asyncio.get_running_loop()
-        waiter = _Waiter(loop.time(), gen.stream)
+        req = SimRequest(rid if index == 0 else f"{rid}-{index}", gen.prompt_tokens, output_tokens, reason, adapter)
+        waiter = _Waiter(now, gen.stream)
         req.handle = waiter
         self.engine.add_request(req)
-        self._kick()
-        try:
-            if gen.stream:
-                return await self._stream(request, req, waiter, gen, model, seed)
-            while not waiter.done:
-                waiter.future = loop.create_future()
-                await waiter.future
-        finally:
-            if req.state != FINISHED:
-                self.engine.abort(req)
-        text = output_text(seed, 0, req.generated)
-        used = protocol.usage(gen.prompt_tokens, req.generated)
-        build = protocol.chat_completion if chat else protocol.completion
-        return _json_response(build(rid, int(time.time()), model, text, req.final_reason, used))
+        return req, waiter, seed
 
     async def _stream(
         self,
@@ -368,7 +396,10 @@ class SimServer:
             return self.settings.served_model_names[0], None
         adapter = self.adapters.get(model)
         if adapter is None:
-            raise RequestError(404, "NotFoundError", f"The model `{model}` does not exist.", "model")
+            aliases = ", ".join(self.settings.served_model_names)
+            raise RequestError(
+                404, "NotFoundError", f"The model `{model}` does not exist. Valid aliases: {aliases}.", "model"
+            )
         return model, adapter
 
     async def load_lora_adapter(self, request: web.Request) -> web.Response:
@@ -404,7 +435,7 @@ class SimServer:
     async def unload_lora_adapter(self, request: web.Request) -> web.Response:
         try:
             body = await _read_json(request)
-            name = _string_field(body, "lora_name")
+            name = _string_field(body, "lora_name", required=True)
         except RequestError as exc:
             return _error(exc.status, exc.err_type, exc.message, exc.param)
         if not name:
@@ -428,27 +459,39 @@ class SimServer:
 
 
 async def _read_json(request: web.Request) -> Any:
+    """The body as JSON, or FastAPI's validation error as vLLM 0.32 answers it ("Bad Request")."""
     if request.content_type != _JSON:
-        raise protocol.bad_request("Unsupported Media Type: Only 'application/json' is allowed")
+        raise protocol.invalid_body("Unsupported Media Type: Only 'application/json' is allowed", None)
     raw = await request.read()
     try:
         return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        detail = {
+            "type": "json_invalid",
+            "loc": f"body.{exc.pos}",
+            "msg": "JSON decode error",
+            "input": "<dict of 0 items>",
+            "ctx": {"error": exc.msg},
+        }
+        raise protocol.invalid_body(repr(detail), f"body.{exc.pos}") from exc
     except ValueError as exc:
-        raise protocol.bad_request(f"JSON decode error: {exc}") from exc
+        raise protocol.invalid_body(f"JSON decode error: {exc}", "body") from exc
 
 
 def _load_request(body: Any) -> tuple[str | None, str | None, bool]:
-    name = _string_field(body, "lora_name")
-    path = _string_field(body, "lora_path")
+    name = _string_field(body, "lora_name", required=True)
+    path = _string_field(body, "lora_path", required=True)
     inplace = body.get("load_inplace", False)
     if not isinstance(inplace, bool):
         raise protocol.bad_request("'load_inplace' must be a boolean", "load_inplace")
     return name, path, inplace
 
 
-def _string_field(body: Any, key: str) -> str | None:
+def _string_field(body: Any, key: str, *, required: bool = False) -> str | None:
     if not isinstance(body, dict):
-        raise protocol.bad_request("the request body must be a JSON object")
+        raise protocol.not_an_object(body)
+    if required and key not in body:
+        raise protocol.missing_field(key, body)
     value = body.get(key)
     if value is not None and not isinstance(value, str):
         raise protocol.bad_request(f"'{key}' must be a string", key)

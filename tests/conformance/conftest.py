@@ -1,0 +1,137 @@
+"""One engine per kind for the whole conformance session: real vLLM (CPU) and the simulator.
+
+The ``engine`` fixture is session-scoped and parametrized over ``ENGINE_KINDS``, so pytest runs
+every case against vLLM with one vLLM process, stops it, then runs them against the simulator:
+never more than one engine at a time. Both start from the same ``ServeConfig`` (same flags).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lorapool.engine.fixtures import engine_or_skip, started
+from lorapool.engine.server import ENGINE_KINDS, EngineKind, ServeConfig
+from lorapool.engine.tinymodel import AdapterKind, ensure_tiny_model, model_dir, write_tiny_adapter
+from lorapool.testing.processes import free_port
+
+MAX_LORAS = 1
+MAX_LORA_RANK = 16
+MAX_CPU_LORAS = 2
+MAX_MODEL_LEN = 512
+BASE = "tiny-llama"
+
+# name -> (rank, seed, kind); "missing" is a path that does not exist.
+ADAPTERS: dict[str, tuple[int, int, AdapterKind]] = {
+    "good-a": (8, 1, AdapterKind.GOOD),
+    "good-b": (8, 2, AdapterKind.GOOD),
+    "good-c": (16, 3, AdapterKind.GOOD),
+    "static": (8, 5, AdapterKind.GOOD),
+    "rank-64": (64, 6, AdapterKind.GOOD),
+    "dora": (8, 7, AdapterKind.DORA),
+    "corrupt": (8, 8, AdapterKind.CORRUPT),
+    "wrong-base": (8, 9, AdapterKind.WRONG_BASE),
+}
+
+
+@dataclass
+class Response:
+    status: int
+    text: str
+    content_type: str
+
+    def json(self) -> Any:
+        return json.loads(self.text)
+
+
+@dataclass
+class Engine:
+    """A running engine of one kind, with the adapter directories the cases use."""
+
+    kind: EngineKind
+    cfg: ServeConfig
+    paths: dict[str, str]
+    output: Any = field(repr=False, default=None)
+
+    @property
+    def url(self) -> str:
+        return self.cfg.url
+
+    def request(
+        self, method: str, path: str, body: Any = None, *, content_type: str = "application/json", timeout_s: float = 60
+    ) -> Response:
+        data = None
+        if body is not None:
+            data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        req = urllib.request.Request(
+            f"{self.url}{path}", data=data, method=method, headers={"Content-Type": content_type}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+                return Response(resp.status, resp.read().decode(errors="replace"), resp.headers.get("Content-Type", ""))
+        except urllib.error.HTTPError as err:
+            return Response(err.code, err.read().decode(errors="replace"), err.headers.get("Content-Type", ""))
+
+    def post(self, path: str, body: Any) -> Response:
+        return self.request("POST", path, body)
+
+
+@pytest.fixture(scope="session")
+def adapter_paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("adapters")
+    paths = {
+        name: str(write_tiny_adapter(root / name, rank=rank, seed=seed, kind=kind))
+        for name, (rank, seed, kind) in ADAPTERS.items()
+    }
+    paths["missing"] = str(root / "missing")
+    # embed_tokens/lm_head in modules_to_save: PEFT's way to train new tokens
+    saved = write_tiny_adapter(root / "modules-to-save", rank=8, seed=10)
+    config = json.loads((saved / "adapter_config.json").read_text())
+    (saved / "adapter_config.json").write_text(json.dumps({**config, "modules_to_save": ["lm_head"]}))
+    paths["modules-to-save"] = str(saved)
+    return paths
+
+
+def serve_config(model: str, paths: dict[str, str]) -> ServeConfig:
+    return ServeConfig(
+        model=model,
+        port=free_port(),
+        served_model_name=BASE,
+        max_loras=MAX_LORAS,
+        max_lora_rank=MAX_LORA_RANK,
+        max_cpu_loras=MAX_CPU_LORAS,
+        max_model_len=MAX_MODEL_LEN,
+        lora_modules=(("static", paths["static"]),),
+    )
+
+
+@pytest.fixture(
+    scope="session", params=[pytest.param(k, marks=pytest.mark.engine) if k == "vllm" else k for k in ENGINE_KINDS]
+)
+def engine(request: pytest.FixtureRequest, adapter_paths: dict[str, str]) -> Iterator[Engine]:
+    kind: EngineKind = request.param
+    if kind == "vllm":
+        install = engine_or_skip()
+        cfg = serve_config(str(ensure_tiny_model(engine=install)), adapter_paths)
+        with started("vllm", cfg, install=install) as proc:
+            yield Engine(kind, cfg, adapter_paths, proc)
+    else:
+        # The simulator reads no weights: the model path is only the base card's root.
+        cfg = serve_config(str(model_dir()), adapter_paths)
+        with started("sim", cfg) as proc:
+            yield Engine(kind, cfg, adapter_paths, proc)
+
+
+def adapter_path(engine: Engine, name: str) -> str:
+    return engine.paths[name]
+
+
+def model_path(engine: Engine) -> Path:
+    return Path(engine.cfg.model)
