@@ -44,34 +44,38 @@ class OperatorConfig:
     identity: str
 
 
+def _login(**_: Any) -> kopf.ConnectionInfo:
+    """The same credentials the client was configured with (--kubeconfig or in-cluster),
+    not kopf's own discovery, which would ignore --kubeconfig."""
+    conf = client.Configuration.get_default_copy()
+    token = (conf.api_key or {}).get("authorization") or (conf.api_key or {}).get("BearerToken")
+    scheme, _, value = (token or "").partition(" ")
+    return kopf.ConnectionInfo(
+        server=conf.host,
+        ca_path=conf.ssl_ca_cert,
+        insecure=not conf.verify_ssl,
+        scheme=scheme or None if value else None,
+        token=(value or scheme) or None,
+        certificate_path=conf.cert_file,
+        private_key_path=conf.key_file,
+    )
+
+
+def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.posting.enabled = False  # we post our own Events with reasons users can filter on
+    settings.watching.server_timeout = 270
+    settings.watching.client_timeout = 300
+    settings.watching.inactivity_timeout = 600
+    settings.scanning.disabled = True  # resources are known; no need to list CRDs (least privilege)
+
+
 def build_registry(reconciler: PoolReconciler) -> kopf.OperatorRegistry:
+    """kopf handlers: login and settings, then watches that only trigger a reconcile of the affected pool."""
     registry = kopf.OperatorRegistry()
     adapter_pools: dict[tuple[str, str], str] = {}  # LoRAAdapter -> the pool it last pointed at
 
-    @kopf.on.login(registry=registry)
-    def login(**_: Any) -> kopf.ConnectionInfo:
-        # The same credentials the client was configured with (--kubeconfig or in-cluster),
-        # not kopf's own discovery, which would ignore --kubeconfig.
-        conf = client.Configuration.get_default_copy()
-        token = (conf.api_key or {}).get("authorization") or (conf.api_key or {}).get("BearerToken")
-        scheme, _, value = (token or "").partition(" ")
-        return kopf.ConnectionInfo(
-            server=conf.host,
-            ca_path=conf.ssl_ca_cert,
-            insecure=not conf.verify_ssl,
-            scheme=scheme or None if value else None,
-            token=(value or scheme) or None,
-            certificate_path=conf.cert_file,
-            private_key_path=conf.key_file,
-        )
-
-    @kopf.on.startup(registry=registry)
-    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        settings.posting.enabled = False  # we post our own Events with reasons users can filter on
-        settings.watching.server_timeout = 270
-        settings.watching.client_timeout = 300
-        settings.watching.inactivity_timeout = 600
-        settings.scanning.disabled = True  # resources are known; no need to list CRDs (least privilege)
+    kopf.on.login(registry=registry)(_login)
+    kopf.on.startup(registry=registry)(_configure)
 
     @kopf.on.event(GROUP, VERSION, "lorapools", registry=registry)
     async def pool_event(type: str | None, namespace: str, name: str, **_: Any) -> None:
