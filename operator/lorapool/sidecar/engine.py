@@ -1,8 +1,15 @@
 """The vLLM runtime-LoRA API as the sidecar uses it: health, list, load, unload.
 
-Every call has a timeout; failures become ``EngineError`` with the HTTP status and a
-message that says what to fix. Status codes follow vLLM: load 200 / 400 (bad input or
-already loaded) / 404 (path missing) / 500 (load failure); unload 200 / 404.
+Every call has a timeout; failures become ``EngineError`` with the HTTP status, a message
+that says what to fix and ``permanent``: whether retrying the same load can ever succeed.
+Status codes follow vLLM 0.32 (measured in ``tests/conformance``): load 200 / 400 (bad input
+or already loaded) / 404 (path missing) / 500 (the worker refused the adapter: rank above
+``--max-lora-rank``, DoRA, corrupt tensors, ... — or an engine fault); unload 200 / 404.
+
+A 500 is not "try again later" by itself: vLLM 0.32 wraps every refusal of its worker's
+``add_lora`` in a 500 ``InternalServerError``, so ``load_failure_is_permanent`` reads the
+message to tell a refused adapter (permanent until the desired entry changes) from an engine
+that is restarting or broken (transient: back off and retry).
 """
 
 from __future__ import annotations
@@ -18,10 +25,56 @@ _NO_RUNTIME_API = (
 )
 
 
+# Words of vLLM's worker when it refuses an adapter for what it is (vLLM 0.32 peft_helper,
+# safetensors, LoRA model loading); retrying the same files cannot help.
+_ADAPTER_REFUSALS = (
+    "is greater than max_lora_rank",
+    "does not yet support dora",
+    "adapter bias is not supported",
+    "modules_to_save",
+    "deserializing header",
+    "safetensors",
+    "doesn't contain tensors",
+    "expected target modules",
+    "please verify that the loaded lora module is correct",
+    "is not lora",
+)
+
+
+def load_failure_is_permanent(status: int | None, detail: str) -> bool:
+    """Whether a failed ``/v1/load_lora_adapter`` stays failed until the adapter or the pool changes. Pure.
+
+    No answer (None), 5xx other than a refused adapter (engine starting, dying, overloaded)
+    and 429 are transient. Other 4xx (bad request, path missing, no runtime API) are permanent;
+    a 500 whose message carries the worker's refusal of the adapter is permanent too.
+    """
+    if status is None or status == 429:
+        return False
+    if 400 <= status < 500:
+        return True
+    if status == 500:
+        text = detail.lower()
+        return any(words in text for words in _ADAPTER_REFUSALS)
+    return False
+
+
 class EngineError(Exception):
-    def __init__(self, message: str, *, status: int | None = None) -> None:
+    """A failed engine call; ``permanent`` says whether retrying the same call can succeed.
+
+    Read it as ``SourceError.transient``: ``exc.transient`` is ``not exc.permanent``.
+    """
+
+    def __init__(self, message: str, *, status: int | None = None, permanent: bool | None = None) -> None:
         super().__init__(message)
         self.status = status
+        # Default for calls other than load: 4xx permanent, no answer or 5xx transient.
+        self.permanent = (
+            permanent if permanent is not None else (status is not None and 400 <= status < 500 and status != 429)
+        )
+
+    @property
+    def transient(self) -> bool:
+        return not self.permanent
 
 
 class EngineClient:
@@ -72,10 +125,17 @@ class EngineClient:
             )
         if status == 400 and "already been loaded" in detail:
             raise EngineError(f"adapter {name!r}: already loaded", status=status)
+        if load_failure_is_permanent(status, detail):
+            raise EngineError(
+                f"adapter {name!r}: the engine refused to load it (HTTP {status}: {detail}); "
+                "fix the adapter or the pool's LoRA settings",
+                status=status,
+                permanent=True,
+            )
         raise EngineError(
-            f"adapter {name!r}: the engine refused to load it (HTTP {status}: {detail}); "
-            "fix the adapter or the pool's LoRA settings",
+            f"adapter {name!r}: the engine failed to load it (HTTP {status}: {detail}); will retry",
             status=status,
+            permanent=False,
         )
 
     async def unload(self, name: str) -> None:
