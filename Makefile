@@ -1,6 +1,6 @@
 # Two commands do everything on a fresh machine:
 #   make run    install, then run the main job (the local playground)
-#   make test   install, build the local control plane once (cached in ~/.cache/lorapool), run every test
+#   make test   install, build the local control plane and the vLLM CPU engine once (cached in ~/.cache/lorapool), run every test
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 
@@ -26,6 +26,7 @@ unit: install
 
 test: install lint
 	@if [ -x scripts/build-control-plane ]; then scripts/build-control-plane; fi
+	$(PYTHON) -m lorapool.cli engine install
 	$(PYTHON) -m pytest -q
 
 # Run the whole suite N times (BUSY=1: with every core kept busy) and list each test that failed once.
