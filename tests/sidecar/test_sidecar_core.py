@@ -218,6 +218,8 @@ def test_the_sidecar_reads_the_transient_flag_and_engine_status() -> None:
         EngineError("connection refused"): True,
         EngineError("Internal Server Error", status=500): True,
         EngineError("LoRA path does not exist", status=404): False,
+        EngineError("Too Many Requests", status=429): True,
+        EngineError("worker refused: LoRA rank 64 is greater than max_lora_rank 16", status=500, permanent=True): False,
         _Refused("rank", "rank 64 > 16"): False,
         AdapterError("use_dora"): False,
         ChecksumMismatch("sha256 differs"): False,

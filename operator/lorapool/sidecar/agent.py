@@ -99,14 +99,13 @@ def _failure_reason(exc: BaseException) -> str:
 def _transient(exc: BaseException) -> bool:
     """Whether retrying the same thing soon can succeed (the shell's reading of the error types).
 
-    SourceError says so itself; an engine that did not answer or answered 5xx may recover; an
-    engine 4xx, a refused or unsafe adapter and a checksum mismatch stay as they are until the
-    desired entry changes. Unknown errors (bugs) keep the exponential backoff.
+    SourceError and EngineError say so themselves (the engine client reads vLLM's status and
+    message: no answer, 429 or 5xx may recover, a 4xx or a worker's refusal of the adapter will
+    not); a refused or unsafe adapter and a checksum mismatch stay as they are until the desired
+    entry changes. Unknown errors (bugs) keep the exponential backoff.
     """
-    if isinstance(exc, SourceError):
+    if isinstance(exc, SourceError | EngineError):
         return exc.transient
-    if isinstance(exc, EngineError):
-        return exc.status is None or exc.status >= 500
     return not isinstance(exc, _Refused | AdapterError)
 
 
