@@ -278,6 +278,15 @@ CHAT_KEYS = {
     "prompt_logprobs", "prompt_token_ids", "prompt_text", "kv_transfer_params", "ec_transfer_params", "metrics",
 }  # fmt: skip
 CHAT_CHOICE_KEYS = {"index", "message", "logprobs", "finish_reason", "stop_reason", "token_ids", "routed_experts"}
+COMPLETION_CHUNK_CHOICE_KEYS = {
+    "index",
+    "text",
+    "logprobs",
+    "finish_reason",
+    "stop_reason",
+    "prompt_token_ids",
+    "token_ids",
+}
 CHAT_MESSAGE_KEYS = {"role", "content", "refusal", "annotations", "audio", "function_call", "reasoning"}
 
 
@@ -328,6 +337,7 @@ def test_completion_stream_shape(engine: Engine) -> None:
     assert all(c["choices"][0]["finish_reason"] is None for c in tokens[:-1])
     assert len({c["id"] for c in chunks}) == 1
     assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 4
+    assert all(set(c["choices"][0]) == COMPLETION_CHUNK_CHOICE_KEYS for c in tokens)
 
 
 def test_chat_stream_shape(engine: Engine) -> None:
@@ -344,6 +354,8 @@ def test_chat_stream_shape(engine: Engine) -> None:
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert set(chunks[0]["choices"][0]) == {"index", "delta", "logprobs", "finish_reason"}
+    assert set(chunks[-1]["choices"][0]) == {"index", "delta", "logprobs", "finish_reason", "stop_reason", "token_ids"}
 
 
 def test_n_returns_n_choices(engine: Engine) -> None:

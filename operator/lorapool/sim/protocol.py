@@ -321,14 +321,27 @@ def completion_chunk(rid: str, created: int, model: str, text: str, finish: str 
         "object": "text_completion",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}],
+        "choices": [
+            {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": finish,
+                "stop_reason": None,
+                "prompt_token_ids": None,
+                "token_ids": None,
+            }
+        ],
     }
 
 
 def chat_chunk(rid: str, created: int, model: str, delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+    """A chat SSE chunk; as vLLM 0.32 the role chunk has no ``token_ids``, the last one a ``stop_reason``."""
     choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
     if finish is not None:
         choice["stop_reason"] = None
+    if "role" not in delta:
+        choice["token_ids"] = None
     return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [choice]}
 
 
