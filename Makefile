@@ -33,4 +33,5 @@ test: install lint
 N ?= 5
 flakes: install
 	@if [ -x scripts/build-control-plane ]; then scripts/build-control-plane; fi
+	$(PYTHON) -m lorapool.cli engine install
 	$(PYTHON) scripts/flakes.py --runs $(N) $(if $(BUSY),--busy) $(if $(CLONE),--clone)
