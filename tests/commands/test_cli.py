@@ -107,3 +107,13 @@ def test_unreadable_input_is_a_clear_error(text: str) -> None:
 def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     result = lorapool("plan", "-f", str(tmp_path / "nope.yaml"))
     assert result.returncode == 1 and "cannot read" in result.stderr
+
+
+def test_the_readme_plan_example_is_what_plan_prints() -> None:
+    """Each line of the README's `lorapool plan` block (shortened with '...', or wrapped) is in the real output."""
+    readme = (EXAMPLE.parents[1] / "README.md").read_text()
+    block = readme.split("$ lorapool plan -f examples/lorapool.yaml\n", 1)[1].split("```", 1)[0]
+    result = lorapool("plan", "-f", str(EXAMPLE))
+    assert result.returncode == 0, result.stderr
+    for line in filter(None, block.splitlines()):
+        assert line.removesuffix(" ...").strip() in result.stdout, line

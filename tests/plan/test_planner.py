@@ -67,8 +67,47 @@ def test_unknown_ranks_assume_the_vllm_default_and_say_so() -> None:
 
 
 @pytest.mark.parametrize(("n", "slots"), [(0, 8), (2, 8), (8, 8), (9, 16), (33, 64)])
-def test_slots_are_bucketed_so_adding_adapters_rarely_restarts(n: int, slots: int) -> None:
+def test_cheap_slots_are_bucketed_so_adding_adapters_rarely_restarts(n: int, slots: int) -> None:
     assert plan_pool(pool().spec, ranks(*[8] * n)).max_loras == slots
+
+
+@pytest.mark.parametrize(
+    ("gpu", "adapter_ranks", "lora", "max_slots", "min_slots"),
+    [
+        ("A100-80GB", [300], {}, 2, 1),  # the issue's rank-300 pool: 2 slots (1.85 GB each), not 8 at 14.8 GB
+        ("A100-80GB", [320], {}, 2, 1),
+        ("A100-80GB", [16] * 32, {}, 32, 32),  # a slot per adapter is cheap here: all 32
+        ("A100-80GB", [16] * 2, {}, 8, 8),  # cheap spares: rounded up to 8
+        ("A100-80GB", [16] * 2, {"headroomKvCacheFraction": 0}, 2, 2),  # tuned off: exactly one each
+        ("A100-40GB", [256], {}, 1, 1),  # a spare would cost > 5% of a small KV cache
+        ("A100-80GB", [64] * 5, {"headroomKvCacheFraction": 0.5}, 8, 8),
+    ],
+    ids=["r300-80GB", "r320-80GB", "32xr16-80GB", "2xr16", "headroom-off", "r256-40GB", "headroom-tuned-up"],
+)
+def test_spare_slots_only_while_cheap(
+    gpu: str, adapter_ranks: list[int], lora: dict[str, Any], max_slots: int, min_slots: int
+) -> None:
+    plan = plan_pool(pool(gpu={"product": gpu}, lora=lora).spec, ranks(*adapter_ranks))
+    assert min_slots <= plan.max_loras <= max_slots, plan.reasons["maxLoras"]
+    n = len(adapter_ranks)
+    slot = lora_buffer_bytes(LLAMA8B, max_loras=1, max_rank=plan.max_lora_rank, dtype_size=2, tp=1)
+    before_lora = plan.memory.usable_bytes - plan.memory.weights_bytes - plan.memory.reserve_bytes
+    fraction = lora.get("headroomKvCacheFraction", 0.05)
+    assert (plan.max_loras - n) * slot <= fraction * (before_lora - n * slot)  # the rule itself
+
+
+def test_the_headroom_reason_states_its_price() -> None:
+    reason = plan_pool(pool().spec, ranks(300)).reasons["maxLoras"]
+    assert "1 spare" in reason and "1.8 GB" in reason and "% of the KV cache" in reason, reason
+    assert "headroomKvCacheFraction" in reason
+    none = plan_pool(pool(gpu={"product": "A100-40GB"}).spec, ranks(256)).reasons["maxLoras"]
+    assert "no spare" in none and "above the 5% limit" in none, none
+
+
+def test_adding_adapters_keeps_a_headroom_choice() -> None:
+    """Spares shrink as adapters are added, so the chosen value never grows until they are used up."""
+    values = [plan_pool(pool().spec, ranks(*[64] * n)).max_loras for n in range(1, 9)]
+    assert values == sorted(values) and len(set(values)) <= 3, values
 
 
 def test_adding_an_adapter_within_a_bucket_keeps_every_flag() -> None:

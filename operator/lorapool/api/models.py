@@ -212,6 +212,13 @@ class LoraSpec(Wire):
         le=0.95,
         description="auto maxLoras never lets LoRA buffers take more than 1-this of the memory the KV cache would have had.",
     )
+    headroom_kv_cache_fraction: float = Field(
+        default=0.05,
+        ge=0.0,
+        le=0.5,
+        description="auto maxLoras adds spare slots above the adapter count (so adding an adapter does not restart "
+        "pods) only while all spares together cost at most this fraction of the KV cache; 0 = a slot per adapter.",
+    )
 
     @field_validator("max_loras", "max_cpu_loras")
     @classmethod

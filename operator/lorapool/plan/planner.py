@@ -323,7 +323,10 @@ def memory_budget(
 def derive_max_loras(
     spec: LoRAPoolSpec, n_adapters: int, rank: int, budget: Budget, *, one_seq_bytes: int, dtype_size: int
 ) -> Derived:
-    """--max-loras: a slot per adapter rounded up to a bucket, bounded by the KV-cache floor, or the spec's value."""
+    """--max-loras: a slot per adapter plus spares while they are cheap, bounded by the KV-cache floor.
+
+    An explicit spec value wins (a warning when slots would sit empty).
+    """
     if spec.lora.max_loras != AUTO:
         value = int(spec.lora.max_loras)
         warnings: tuple[str, ...] = ()
@@ -339,7 +342,10 @@ def derive_max_loras(
         f"{lora.min_kv_cache_fraction:.0%} of {_gb(before)})"
     )
     fit = (before - floor_bytes) // slot if before > floor_bytes else 0
-    wanted = slot_headroom(n_adapters)
+    need = max(1, n_adapters)
+    wanted = slot_headroom(
+        n_adapters, slot_bytes=slot, before_lora_bytes=before, fraction=lora.headroom_kv_cache_fraction
+    )
     value = int(min(wanted, spec.vllm.max_num_seqs, fit))
     if value < 1:
         problem = (
@@ -349,18 +355,64 @@ def derive_max_loras(
         )
         return Derived(1, "1: nothing fits (see errors)", problems=(problem,))
     if value == wanted:
-        why = (
-            f"{value}: a GPU slot for each of the {n_adapters} adapter(s), rounded up to {wanted} "
-            f"({_gb(slot * value)} at rank {rank}) so adapters can be added without restarting pods"
-        )
+        why = f"{value}: {_headroom_why(n_adapters, value, slot, rank, before, lora.headroom_kv_cache_fraction)}"
     elif value == spec.vllm.max_num_seqs:
         why = f"{value}: capped by vllm.maxNumSeqs (a batch never holds more distinct adapters)"
+    elif value >= need:
+        why = (
+            f"{value}: a GPU slot for each of the {n_adapters} adapter(s) plus {value - need} spare; each slot at "
+            f"rank {rank} costs {_gb(slot)} and more would push the KV cache below {floor}"
+        )
     else:
         why = (
             f"{value} of {n_adapters} adapters: each slot at rank {rank} costs {_gb(slot)}; more would push "
             f"the KV cache below {floor}; the router groups requests to keep the rest in the CPU cache"
         )
     return Derived(value, why)
+
+
+MIN_SLOTS = 8  # slots are cheap at low rank (Llama-3-8B r16: ~92 MB each); 8 spares most restarts
+DEFAULT_HEADROOM_FRACTION = 0.05  # spec.lora.headroomKvCacheFraction's default, named for the docs
+
+
+def slot_headroom(n_adapters: int, *, slot_bytes: int, before_lora_bytes: int, fraction: float) -> int:
+    """GPU slots wanted for ``n_adapters``: a slot each, plus spare slots only while they are cheap.
+
+    vLLM's flags are fixed at start, so sizing exactly to the adapter count would roll every
+    pod whenever an adapter is added; spares make adding one a ConfigMap update. Candidates
+    are the powers of two from the adapter count up to max(MIN_SLOTS, next power of two), so
+    the value stays put while adapters are added; the largest whose spares together cost at
+    most ``fraction`` of the KV cache that a slot per adapter leaves wins, else the count itself.
+    """
+    need = max(1, n_adapters)
+    kv_bytes = max(0, before_lora_bytes - need * slot_bytes)
+    best = need
+    candidate = 1 << (need - 1).bit_length()
+    while candidate <= max(MIN_SLOTS, 1 << (need - 1).bit_length()):
+        if (candidate - need) * slot_bytes <= fraction * kv_bytes:
+            best = max(best, candidate)
+        candidate *= 2
+    return best
+
+
+def _headroom_why(n_adapters: int, value: int, slot: int, rank: int, before: int, fraction: float) -> str:
+    """The price tag of the chosen spare slots (or why there are none)."""
+    need = max(1, n_adapters)
+    kv_bytes = max(1, before - need * slot)
+    each = f"a GPU slot for each of the {n_adapters} adapter(s)"
+    limit = f"the {fraction:.0%} limit (spec.lora.headroomKvCacheFraction)"
+    if value > need:
+        spare = (value - need) * slot
+        return (
+            f"{each} plus {value - need} spare, so adapters can be added without restarting pods; "
+            f"the spares cost {_gb(spare)} at rank {rank}, {spare / kv_bytes:.1%} of the KV cache, within {limit}"
+        )
+    if value >= max(MIN_SLOTS, 1 << (need - 1).bit_length()):
+        return f"{each} ({_gb(slot * value)} at rank {rank})"
+    return (
+        f"{each}, no spare: one spare slot at rank {rank} costs {_gb(slot)}, {slot / kv_bytes:.1%} of the KV "
+        f"cache, above {limit}; adding an adapter restarts the pods"
+    )
 
 
 def _len(spec: LoRAPoolSpec, budget: Budget) -> int:
@@ -452,18 +504,6 @@ def _memory(
         naive_lora_bytes=naive_lora,
         naive_kv_cache_tokens=max(0, naive_kv) // budget.kv_per_token_bytes,
     )
-
-
-MIN_SLOTS = 8  # slots are cheap at low rank (Llama-3-8B r16: ~92 MB each); 8 spares most restarts
-
-
-def slot_headroom(n_adapters: int) -> int:
-    """GPU slots wanted for ``n_adapters``: the next power of two, at least MIN_SLOTS.
-
-    vLLM's flags are fixed at start, so sizing exactly to the adapter count would roll
-    every pod whenever an adapter is added; buckets keep adding adapters a ConfigMap update.
-    """
-    return max(MIN_SLOTS, 1 << max(0, n_adapters - 1).bit_length())
 
 
 def pod_memory_bytes(spec: LoRAPoolSpec, weights_total: int) -> int:
