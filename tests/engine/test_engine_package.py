@@ -131,7 +131,7 @@ def test_the_tiny_model_is_deterministic_and_shaped_as_its_config() -> None:
     header = json.loads(weights[8 : 8 + int.from_bytes(weights[:8], "little")])
     assert header["model.embed_tokens.weight"]["shape"] == [config["vocab_size"], config["hidden_size"]]
     assert header["model.layers.1.self_attn.k_proj.weight"]["shape"] == [2 * 64, 256]  # 2 KV heads of 64
-    assert header["lm_head.weight"]["dtype"] == "F32"
+    assert header["lm_head.weight"]["dtype"] == "BF16" and config["torch_dtype"] == "bfloat16"
 
 
 def test_adapters_fit_the_model_and_the_bad_ones_are_bad(tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ import lorapool
 from lorapool.engine.install import EngineInstall, cache_root, require_engine
 from lorapool.testing.peft import normal_f32, safetensors_bytes, write_peft_adapter
 
-BUILD_VERSION = 1  # bump when the files written change, so caches rebuild
+BUILD_VERSION = 2  # bump when the files written change, so caches rebuild (2: bfloat16 weights)
 STAMP = "BUILT.json"
 LORA_MODULES: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 SPECIAL_TOKENS: tuple[str, ...] = ("<|begin_of_text|>", "<|end_of_text|>", "<|start|>", "<|end|>")
@@ -48,7 +48,7 @@ ADAPTER_STD = 0.1  # adapter weights ~N(0, 0.1), lora_alpha = 2r: changes output
 
 @dataclass(frozen=True)
 class TinyModelSpec:
-    """Dimensions of the tiny Llama (defaults: ~1.5 M parameters, 6 MB in float32)."""
+    """Dimensions of the tiny Llama (defaults: ~1.5 M parameters, 3 MB in bfloat16)."""
 
     num_layers: int = 2
     hidden_size: int = 256
@@ -121,7 +121,7 @@ def llama_config(spec: TinyModelSpec) -> dict[str, object]:
         "tie_word_embeddings": False,
         "bos_token_id": 256,
         "eos_token_id": 257,
-        "torch_dtype": "float32",
+        "torch_dtype": "bfloat16",  # what vLLM's CPU backend runs; float32 weights were cast with a warning each
     }
 
 
@@ -134,10 +134,10 @@ def model_weights(spec: TinyModelSpec) -> bytes:
         count = 1
         for dim in shape:
             count *= dim
-        tensors[name] = (shape, normal_f32(rng, count, spec.weight_std))
+        tensors[name] = (shape, _bf16(normal_f32(rng, count, spec.weight_std)))
 
     def ones(name: str, size: int) -> None:
-        tensors[name] = ((size,), normal_f32(rng, size, 0.0, mean=1.0))
+        tensors[name] = ((size,), _bf16(normal_f32(rng, size, 0.0, mean=1.0)))
 
     normal("model.embed_tokens.weight", spec.vocab_size, spec.hidden_size)
     shapes = spec.module_shapes()
@@ -150,7 +150,12 @@ def model_weights(spec: TinyModelSpec) -> bytes:
             normal(f"{prefix}.{group}.{module}.weight", out_features, in_features)
     ones("model.norm.weight", spec.hidden_size)
     normal("lm_head.weight", spec.vocab_size, spec.hidden_size)
-    return safetensors_bytes(dict(tensors), dtype="F32")
+    return safetensors_bytes(dict(tensors), dtype="BF16")
+
+
+def _bf16(f32: bytes) -> bytes:
+    """Little-endian float32 values truncated to bfloat16 (their high 16 bits)."""
+    return memoryview(f32).cast("H")[1::2].tobytes()
 
 
 def tokenizer_files(spec: TinyModelSpec) -> dict[str, str]:
