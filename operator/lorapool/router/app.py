@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
+from yarl import URL
 
 from lorapool.router.backend import Request
 from lorapool.router.scheduler import Lease, NoBackend, QueueFull, Scheduler, UnknownModel
@@ -81,6 +82,7 @@ class Proxy:
         self.timeout = aiohttp.ClientTimeout(
             total=None, connect=settings.connect_timeout_s, sock_read=settings.read_timeout_s
         )
+        self._urls: dict[tuple[str, str], URL] = {}
 
     # --- OpenAI endpoints -----------------------------------------------------------------
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -94,8 +96,7 @@ class Proxy:
         finally:
             code = str(response.status) if response is not None else "499"
             label = self.telemetry.model_label(model, known=known)
-            self.telemetry.requests.labels(label, code).inc()
-            self.telemetry.duration.observe(time.monotonic() - start)
+            self.telemetry.answered(label, code, time.monotonic() - start)
 
     async def _completions(self, request: web.Request, start: float) -> tuple[web.StreamResponse, str | None, bool]:
         limit = self.settings.max_body_bytes
@@ -149,9 +150,19 @@ class Proxy:
             finally:
                 self.scheduler.release(lease)
 
+    def _upstream_url(self, backend: str, request: web.Request) -> URL:
+        """The backend's URL for the request's path, parsed once per backend and path."""
+        key = (backend, request.raw_path)
+        url = self._urls.get(key)
+        if url is None:
+            url = URL(f"{backend}{request.raw_path}", encoded=True)
+            if not request.query_string:  # query strings vary: do not let them grow the cache
+                self._urls[key] = url
+        return url
+
     async def _forward(self, request: web.Request, body: bytes, lease: Lease, start: float) -> web.StreamResponse:
         backend = lease.state.id
-        url = f"{backend}{request.rel_url}"
+        url = self._upstream_url(backend, request)
         try:
             upstream = await self.session.post(
                 url, data=body, headers=forward_headers(request.headers), timeout=self.timeout

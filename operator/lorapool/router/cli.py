@@ -124,6 +124,12 @@ def _add_timing_flags(parser: argparse.ArgumentParser, d: RouterSettings) -> Non
 
 def _add_debug_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend-header", action="store_true", help="add X-Lorapool-Backend to responses (debugging)")
+    parser.add_argument(
+        "--event-loop",
+        choices=("uvloop", "asyncio"),
+        default="uvloop",
+        help="uvloop (libuv, C) or the standard library's loop (default %(default)s; asyncio to compare)",
+    )
     parser.add_argument("--log-level", default="INFO", help="default %(default)s")
 
 
@@ -154,12 +160,13 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
 
     from lorapool import logs
-    from lorapool.router.server import serve
+    from lorapool.router.server import loop_factory, serve
 
     logs.setup(args.log_level)
     try:
         settings = settings_from(args)
-        asyncio.run(serve(settings))
+        with asyncio.Runner(loop_factory=loop_factory(args.event_loop)) as runner:
+            runner.run(serve(settings))
     except ValueError as exc:
         print(f"lorapool router: {exc}", file=sys.stderr)
         return 2

@@ -108,6 +108,9 @@ class Scheduler:
     async def acquire(self, req: Request, exclude: frozenset[str] = frozenset()) -> Lease:
         """Bind ``req`` to a backend now, or after waiting in its adapter's queue."""
         views = self._views(exclude)
+        chosen = self.scheduling.strict.choose(req, views)
+        if chosen is not None:  # the common case: the policy's own filters said all there is to say
+            return self._bind(req, chosen, views)
         live = healthy(req, views)
         if not live:
             raise NoBackend("no backend is up" if not exclude else "every backend was tried")
@@ -120,9 +123,9 @@ class Scheduler:
                 raise NoBackend("no backend is up")
             if not serves_model(req, live):
                 raise UnknownModel(req.model)
-        chosen = self.scheduling.strict.choose(req, views)
-        if chosen is not None:
-            return self._bind(req, chosen, views)
+            chosen = self.scheduling.strict.choose(req, views)
+            if chosen is not None:
+                return self._bind(req, chosen, views)
         if not self.scheduling.holds:
             raise NoBackend("no backend may take the request")
         return await self._hold(req, exclude)
@@ -132,7 +135,7 @@ class Scheduler:
         waiter = _Waiter(req, exclude, now, asyncio.get_running_loop().create_future())
         if not self.queues.push(req.model, waiter, now):
             raise QueueFull(f"{len(self.queues)} requests are already waiting")
-        self.telemetry.decisions.labels(DecisionKind.QUEUED.value).inc()
+        self.telemetry.decided(DecisionKind.QUEUED)
         if log.isEnabledFor(logging.DEBUG):
             active = {v.id: sorted(v.active) for v in self._views()}
             log.debug("Held request", extra={"model": req.model, "active": active})
@@ -164,7 +167,7 @@ class Scheduler:
             extra = {"model": req.model, "kind": kind.value, "backend": chosen, "loads": loads}
             log.debug("Bound request", extra=extra)
         state.begin(req.model, is_adapter=req.is_adapter)
-        self.telemetry.decisions.labels(kind.value).inc()
+        self.telemetry.decided(kind)
         return Lease(state, req, kind)
 
     def release(self, lease: Lease) -> None:

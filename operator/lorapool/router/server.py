@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Callable
 
 import aiohttp
 from aiohttp import web
@@ -28,6 +29,17 @@ log = logging.getLogger("lorapool.router")
 # connection the engine is closing.
 UPSTREAM_KEEPALIVE_S = 4.0
 SHUTDOWN_GRACE_S = 10.0
+
+
+def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
+    """The event loop to run on: uvloop's (about half the CPU per proxied request) or asyncio's."""
+    if name == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop
+    if name == "asyncio":
+        return asyncio.new_event_loop
+    raise ValueError(f"--event-loop={name!r} is not uvloop or asyncio")
 
 
 async def serve(settings: RouterSettings) -> None:

@@ -9,6 +9,7 @@ deepest queues only.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -114,8 +115,21 @@ class Telemetry:
             "Responses cut short because a backend failed mid-response",
             registry=self.registry,
         )
-        for kind in DecisionKind:
-            self.decisions.labels(kind.value)
+        # Labelled children, looked up once: ``labels()`` takes a lock and checks its arguments.
+        self._decided = {kind: self.decisions.labels(kind.value) for kind in DecisionKind}
+        self._answered: dict[tuple[str, str], Any] = {}
+
+    def decided(self, kind: DecisionKind) -> None:
+        """Count one routing decision."""
+        self._decided[kind].inc()
+
+    def answered(self, label: str, code: str, seconds: float) -> None:
+        """Count one answered request (``label`` from ``model_label``) and its duration."""
+        child = self._answered.get((label, code))
+        if child is None:
+            child = self._answered[(label, code)] = self.requests.labels(label, code)
+        child.inc()
+        self.duration.observe(seconds)
 
     def watch(
         self,
