@@ -28,7 +28,7 @@ from lorapool.testing.processes import RunningProcess, start_process
 
 EngineKind = Literal["vllm", "sim"]
 ENGINE_KINDS: tuple[EngineKind, ...] = ("vllm", "sim")
-VLLM_START_TIMEOUT_S = 300.0  # ~50 s on the 2-core machine; a cold page cache and a busy CPU take longer
+VLLM_START_TIMEOUT_S = 240.0  # ~50 s on the 2-core machine; below pytest's 300 s so a stuck start reports its output
 SIM_START_TIMEOUT_S = 30.0
 
 # Environment of every vllm serve we start: CPU platform, small KV cache, runtime LoRA API,
