@@ -26,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from lorapool.api.adapterset import AdapterSet, DesiredAdapter
 from lorapool.api.peft import parse_adapter_config
+from lorapool.api.report import ANNOTATION, SYNCED_CONDITION, encode
 from lorapool.errors import AdapterError, SourceError, UnsafePathError
 from lorapool.sidecar.core import (
     UNLOAD,
@@ -38,15 +39,20 @@ from lorapool.sidecar.core import (
     backoff_s,
     check_adapter,
     diff,
+    first_sync_done,
     identity_of,
     lost_adapters,
     parse_config,
+    replica_report,
     retry_delay_s,
+    rfc3339,
     status_document,
     summarize,
+    synced_condition,
 )
 from lorapool.sidecar.engine import EngineClient, EngineError
 from lorapool.sidecar.metrics import SidecarMetrics
+from lorapool.sidecar.reporter import PodRef, Reporter, api_server
 from lorapool.sources import AdapterStore, ChecksumMismatch, Downloader, Fetched, Limits, SourceOptions, redact_url
 from lorapool.sources.layout import CONFIG_FILE
 
@@ -72,6 +78,9 @@ class Settings:
     parallel_downloads: int = 4
     limits: Limits = field(default_factory=Limits)
     pvc_root: Path = Path("/mnt/pvc")
+    pod: PodRef | None = None  # report on this Pod (lorapool.api.report); None: do not report
+    report_kubeconfig: Path | None = None  # None: in-cluster credentials
+    report_interval_s: float = 2.0  # at most one report write per this many seconds
 
 
 class _Refused(Exception):
@@ -145,6 +154,9 @@ class Agent:
         self._kick = asyncio.Event()
         self._reload_config = asyncio.Event()
         self._engine: EngineClient | None = None
+        self._synced = False  # the readiness latch: first sync since the engine (re)started is over
+        self._synced_shown: tuple[bool, str] | None = None  # (status, lastTransitionTime) last built
+        self.reporter: Reporter | None = None
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -169,6 +181,8 @@ class Agent:
                 asyncio.create_task(self._watch_health(stop)),
                 asyncio.create_task(self._relay_stop(stop)),
             ]
+            if (reporter := self._make_reporter()) is not None:
+                watchers.append(asyncio.create_task(reporter.run(stop)))
             log.info(
                 "Started sidecar",
                 extra={"kv": {"engine": s.engine_url, "config": str(s.config_path), "adapterDir": str(s.adapter_dir)}},
@@ -181,6 +195,51 @@ class Agent:
                 await asyncio.gather(*watchers, *self._tasks.values(), return_exceptions=True)
                 await runner.cleanup()
                 log.info("Stopped sidecar")
+
+    def _make_reporter(self) -> Reporter | None:
+        s = self.settings
+        if s.pod is None:
+            log.info("Not reporting adapters on a Pod: no --pod and no POD_NAME/POD_NAMESPACE")
+            return None
+        try:
+            server = api_server(s.report_kubeconfig)
+        except (ValueError, OSError) as exc:
+            log.warning("Not reporting adapters on a Pod", extra={"kv": {"error": str(exc)}})
+            return None
+
+        def counted(ok: bool) -> None:
+            self.metrics.report_writes.labels(result="ok" if ok else "error").inc()
+
+        self.reporter = Reporter(server, s.pod, self.report_patch, min_interval_s=s.report_interval_s, on_write=counted)
+        log.info("Reporting adapters on Pod", extra={"kv": {"pod": f"{s.pod.namespace}/{s.pod.name}"}})
+        return self.reporter
+
+    def report_patch(self) -> dict[str, Any]:
+        """The Pod patch that says what the engine holds now: annotation plus readiness condition."""
+        desired = {a.name: a for a in self.pool.adapters} if self.pool else {}
+        wanted = set(desired) - set(self.rejected)
+        if not self._synced and first_sync_done(
+            wanted, self.state, engine_healthy=self.engine_healthy, config_read=self.pool is not None
+        ):
+            self._synced = True
+        synced = synced_condition(self._synced, wanted, self.state)
+        if self._synced_shown is None or self._synced_shown[0] != synced.status:
+            self._synced_shown = (synced.status, rfc3339(self.clock()) or "")
+        report = replica_report(desired, self.state, self.rejected, engine_healthy=self.engine_healthy)
+        return {
+            "metadata": {"annotations": {ANNOTATION: encode(report)}},
+            "status": {
+                "conditions": [
+                    {
+                        "type": SYNCED_CONDITION,
+                        "status": "True" if synced.status else "False",
+                        "reason": synced.reason,
+                        "message": synced.message,
+                        "lastTransitionTime": self._synced_shown[1],
+                    }
+                ]
+            },
+        }
 
     async def _relay_stop(self, stop: asyncio.Event) -> None:
         await stop.wait()
@@ -291,6 +350,7 @@ class Agent:
                 log.info("Engine became healthy", extra={"kv": {"engine": self.settings.engine_url}})
                 if self._seen_healthy:
                     self._suspect_restart = True
+                    self._synced = False  # re-earn readiness once everything is held again
                 self._seen_healthy = True
                 self.kick()
             elif not healthy and self.engine_healthy:
@@ -357,6 +417,7 @@ class Agent:
             self.metrics.engine_restarts.inc()
             cause = "health flapped" if self._suspect_restart else "adapters vanished from /v1/models"
             log.warning("Detected engine restart", extra={"kv": {"cause": cause, "reloading": lost}})
+            self._synced = False
         self._suspect_restart = False
         desired = {a.name: a for a in self.pool.adapters}
         stored = await asyncio.to_thread(self.store.names)

@@ -1,7 +1,11 @@
 """``lorapool sidecar``: keep a vLLM engine's LoRA adapters in line with the pool's ConfigMap.
 
     lorapool sidecar --config /etc/lorapool/adapters.json --engine http://127.0.0.1:8000 \\
-        --adapter-dir /adapters [--status-port 8081] [--host 127.0.0.1] [--resync-seconds 30]
+        --adapter-dir /adapters [--status-port 8081] [--host 127.0.0.1] [--resync-seconds 30] \\
+        [--pod NAMESPACE/NAME] [--report-kubeconfig FILE]
+
+In a pod it reports what its engine holds on its own Pod (lorapool.api.report), with the
+ServiceAccount token projected into this container only.
 
 SIGHUP re-reads the config at once; SIGTERM/SIGINT stop cleanly.
 """
@@ -29,6 +33,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backoff-base-seconds", type=float, default=1.0, help="first retry delay ceiling")
     parser.add_argument("--backoff-cap-seconds", type=float, default=300.0, help="largest retry delay")
     parser.add_argument("--pvc-root", type=Path, default=Path("/mnt/pvc"), help="where pvc://<claim> is mounted")
+    parser.add_argument(
+        "--pod",
+        default=None,
+        help="NAMESPACE/NAME of the Pod to report adapters on (default: $POD_NAMESPACE/$POD_NAME; none: no report)",
+    )
+    parser.add_argument(
+        "--report-kubeconfig",
+        type=Path,
+        default=None,
+        help="credentials for the report (default: the projected ServiceAccount token, in cluster)",
+    )
+    parser.add_argument(
+        "--report-interval-seconds", type=float, default=2.0, help="at most one report write per this long"
+    )
     parser.add_argument("--seed", type=int, default=None, help="seed the backoff jitter (tests)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
@@ -40,9 +58,14 @@ def run(args: argparse.Namespace) -> int:
 
     from lorapool import logs
     from lorapool.sidecar.agent import Agent, Settings
+    from lorapool.sidecar.reporter import PodRef
     from lorapool.sources import Limits
 
     logs.setup(args.log_level)
+    try:
+        pod = PodRef.parse(args.pod) if args.pod else PodRef.from_env()
+    except ValueError as exc:
+        raise SystemExit(f"lorapool sidecar: {exc}") from None
     settings = Settings(
         config_path=args.config,
         engine_url=args.engine,
@@ -59,6 +82,9 @@ def run(args: argparse.Namespace) -> int:
         parallel_downloads=args.parallel_downloads,
         limits=Limits(max_bytes=args.max_download_bytes, total_timeout_s=args.download_timeout_seconds),
         pvc_root=args.pvc_root,
+        pod=pod,
+        report_kubeconfig=args.report_kubeconfig,
+        report_interval_s=args.report_interval_seconds,
     )
 
     async def main() -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
@@ -20,17 +20,8 @@ from pydantic import ValidationError
 
 from lorapool.api.adapterset import AdapterSet, DesiredAdapter
 from lorapool.api.peft import AdapterConfig, same_base_model, vllm_rank_for
-from lorapool.sources.store import adapter_identity
-
-
-class Phase(StrEnum):
-    PENDING = "Pending"
-    DOWNLOADING = "Downloading"
-    VERIFYING = "Verifying"
-    LOADING = "Loading"
-    LOADED = "Loaded"
-    FAILED = "Failed"
-    UNLOADING = "Unloading"
+from lorapool.api.report import AdapterReport, ReplicaReport, adapter_identity, short_id
+from lorapool.api.report import ReplicaPhase as Phase
 
 
 class Reason(StrEnum):
@@ -331,3 +322,100 @@ def summarize(actions: Sequence[Action]) -> dict[str, int]:
         else:
             out["wait"] += 1
     return out
+
+
+# ---- the report on the sidecar's own Pod (lorapool.api.report) -------------------------------
+
+
+def replica_report(
+    desired: Mapping[str, DesiredAdapter],
+    state: Mapping[str, AdapterState],
+    rejected: Mapping[str, str],
+    *,
+    engine_healthy: bool,
+) -> ReplicaReport:
+    """What this replica holds, per adapter: phase, the desired identity, the loaded one, why it failed.
+
+    Only facts that change when the engine's holdings change go in (no attempt counts, no
+    retry times), so an idle sidecar produces the same report and writes nothing.
+    """
+    adapters: dict[str, AdapterReport] = {}
+    for name, st in state.items():
+        want = desired.get(name)
+        adapters[name] = AdapterReport(
+            phase=st.phase,
+            id=short_id(identity_of(want)) if want is not None else None,
+            loaded=short_id(st.loaded) if st.loaded else None,
+            message=st.error if st.phase == Phase.FAILED else None,
+        )
+    for name, why in rejected.items():
+        if name not in adapters:
+            adapters[name] = AdapterReport(phase=Phase.FAILED, message=why)
+    return ReplicaReport(engine_healthy=engine_healthy, adapters=adapters)
+
+
+@dataclass(frozen=True)
+class Synced:
+    """The ``lorapool.api.report.SYNCED_CONDITION`` pod condition: the engine pod's readiness gate."""
+
+    status: bool
+    reason: str
+    message: str
+
+
+def first_sync_done(
+    desired: Collection[str], state: Mapping[str, AdapterState], *, engine_healthy: bool, config_read: bool
+) -> bool:
+    """True once every desired adapter was loaded or failed at least once (failures count: one
+    broken adapter fails on every replica alike and must not keep them all out of the Service)."""
+    if not (engine_healthy and config_read):
+        return False
+    return all((st := state.get(n)) is not None and st.phase in (Phase.LOADED, Phase.FAILED) for n in desired)
+
+
+def synced_condition(latched: bool, desired: Collection[str], state: Mapping[str, AdapterState]) -> Synced:
+    """The condition from the latch (set by the first sync, cleared by an engine restart) and counts."""
+    counts = {Phase.LOADED: 0, Phase.FAILED: 0}
+    for name in desired:
+        st = state.get(name)
+        if st is not None and st.phase in counts:
+            counts[st.phase] += 1
+    busy = len(desired) - counts[Phase.LOADED] - counts[Phase.FAILED]
+    message = f"{counts[Phase.LOADED]} loaded, {counts[Phase.FAILED]} failed, {busy} in progress of {len(desired)}"
+    if not latched:
+        return Synced(False, "Syncing", message)
+    return Synced(True, "SyncedWithFailures" if counts[Phase.FAILED] else "Synced", message)
+
+
+@dataclass(frozen=True)
+class Pacer:
+    """When to write the report: never while it is unchanged, at most once per ``min_interval_s``.
+
+    Pure: the shell asks ``next_write_at`` with the document it would send and the time, and
+    tells ``sent`` / ``failed`` what happened. A failed write is retried after ``retry_s``
+    (doubling up to ``max_retry_s``) with whatever the document is by then.
+    """
+
+    min_interval_s: float = 2.0
+    retry_s: float = 1.0
+    max_retry_s: float = 30.0
+    last_sent: str | None = None
+    last_at: float | None = None
+    failures: int = 0
+
+    def next_write_at(self, document: str, now: float) -> float | None:
+        """None: nothing to write; else when the write is due (``now`` or later)."""
+        if document == self.last_sent:
+            return None
+        if self.last_at is None:
+            return now
+        gap = self.min_interval_s
+        if self.failures:
+            gap = max(gap, min(self.max_retry_s, self.retry_s * 2 ** (self.failures - 1)))
+        return max(now, self.last_at + gap)
+
+    def sent(self, document: str, now: float) -> Pacer:
+        return replace(self, last_sent=document, last_at=now, failures=0)
+
+    def failed(self, now: float) -> Pacer:
+        return replace(self, last_at=now, failures=self.failures + 1)

@@ -48,6 +48,12 @@ class SidecarMetrics:
         self.config_errors = Counter(
             "lorapool_sidecar_config_errors", "Config reads refused (the last good set was kept).", registry=r
         )
+        self.report_writes = Counter(
+            "lorapool_sidecar_report_writes",
+            "Writes of the adapter report to the sidecar's own Pod, by result (ok, error).",
+            ["result"],
+            registry=r,
+        )
 
     def set_phases(self, phases: Iterable[Phase]) -> None:
         counts = dict.fromkeys(Phase, 0)

@@ -26,6 +26,7 @@ import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from lorapool.api.report import adapter_identity as adapter_identity  # re-exported: one definition, in the API
 from lorapool.sources.base import sha256_file
 from lorapool.sources.layout import check_name
 
@@ -38,11 +39,6 @@ def tree_manifest(files: dict[str, Path]) -> dict[str, str]:
 def tree_digest(manifest: dict[str, str]) -> str:
     lines = "".join(f"{digest}  {name}\n" for name, digest in sorted(manifest.items()))
     return hashlib.sha256(lines.encode()).hexdigest()
-
-
-def adapter_identity(source: str, revision: str | None, sha256: str | None) -> str:
-    """What a desired adapter asks for, hashed so that pre-signed URLs never reach disk."""
-    return hashlib.sha256(f"{source}\n{revision or ''}\n{sha256 or ''}".encode()).hexdigest()
 
 
 @dataclass(frozen=True)
