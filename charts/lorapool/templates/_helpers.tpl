@@ -93,6 +93,9 @@ The operator's rules, exactly those of deploy/rbac.yaml (tests/delivery checks t
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
   verbs: [get, list, watch, create, patch]
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, list, watch, create, patch]
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
   verbs: [get, list, watch, create, patch]
@@ -100,10 +103,15 @@ The operator's rules, exactly those of deploy/rbac.yaml (tests/delivery checks t
 - apiGroups: [discovery.k8s.io]
   resources: [endpointslices]
   verbs: [get, list, watch]
-# Engine pods: read-only, to explain Pending pods in the pool's status.
+# Engine pods: read their sidecars' reports (annotation and condition, docs/status.md) and
+# explain Pending pods in the pool's status.
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch]
+# Held so it may grant the engine pods' Role: each sidecar patches its own Pod's status.
+- apiGroups: [""]
+  resources: [pods/status]
+  verbs: [patch]
 - apiGroups: ["", events.k8s.io]
   resources: [events]
   verbs: [create, patch]

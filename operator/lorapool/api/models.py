@@ -281,24 +281,30 @@ class VllmSpec(Wire):
     @field_validator("extra_args")
     @classmethod
     def _no_managed_flags(cls, args: list[str]) -> list[str]:
-        managed = {
-            "--enable-lora",
-            "--max-loras",
-            "--max-lora-rank",
-            "--max-cpu-loras",
-            "--port",
-            "--tensor-parallel-size",
-            "--served-model-name",
-            "--max-model-len",
-            "--gpu-memory-utilization",
-            "--lora-dtype",
-            "--max-num-seqs",
-        }
         for arg in args:
             flag = arg.split("=", 1)[0]
-            if flag in managed:
-                raise ValueError(f"{flag} is set by lorapool; use the matching spec field instead of extraArgs")
+            if flag in MANAGED_FLAGS:
+                raise ValueError(
+                    f"{flag} is set by lorapool; remove it from extraArgs and set {MANAGED_FLAGS[flag]} instead"
+                )
         return args
+
+
+# vLLM flags lorapool sets, and the spec field that sets each; extraArgs may not repeat them.
+MANAGED_FLAGS: Final[dict[str, str]] = {
+    "--enable-lora": "spec.adapters (LoRA is always on)",
+    "--max-loras": "spec.lora.maxLoras",
+    "--max-lora-rank": "spec.lora.maxLoraRank",
+    "--max-cpu-loras": "spec.lora.maxCpuLoras",
+    "--port": "nothing (the engine listens on 8000)",
+    "--tensor-parallel-size": "spec.gpu.count",
+    "--served-model-name": "spec.baseModel.name",
+    "--max-model-len": "spec.vllm.maxModelLen",
+    "--gpu-memory-utilization": "spec.vllm.gpuMemoryUtilization",
+    "--lora-dtype": "spec.lora.dtype",
+    "--max-num-seqs": "spec.vllm.maxNumSeqs",
+    "--api-key": "spec.security.apiKeySecretRef (a key in extraArgs would be readable by anyone who can read the pool)",
+}
 
 
 class RouterSpec(Wire):
@@ -348,6 +354,29 @@ class SidecarSpec(Wire):
     )
 
 
+class SecuritySpec(Wire):
+    """Who may reach the engines: their runtime LoRA API loads and unloads adapters."""
+
+    network_policy: bool = Field(
+        default=True,
+        description="Render NetworkPolicy <pool>-engine: engine pods accept traffic only from this pool's router "
+        "pods (port 8000) and from metricsNamespace. Turn off only where another policy covers the engines.",
+    )
+    metrics_namespace: str | None = Field(
+        default=None,
+        pattern=ADAPTER_NAME_PATTERN,
+        max_length=63,
+        description="Namespace of a metrics scraper (e.g. monitoring) the NetworkPolicy lets reach the engines' "
+        "port 8000 (vLLM /metrics) and the sidecars' port 8081. vLLM serves /metrics on its API port: set "
+        "apiKeySecretRef too, so that namespace cannot call the LoRA API.",
+    )
+    api_key_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description="Secret key holding the engines' API key: vLLM requires it on every /v1 route (env "
+        "VLLM_API_KEY, read as --api-key), and the router and the sidecar send it as Authorization: Bearer.",
+    )
+
+
 class LoRAPoolSpec(Wire):
     """A base model served by replicas, plus the LoRA adapters they share."""
 
@@ -365,6 +394,9 @@ class LoRAPoolSpec(Wire):
     router: RouterSpec = Field(default_factory=RouterSpec, description="Router settings.")
     sidecar: SidecarSpec = Field(default_factory=SidecarSpec, description="Adapter-sync sidecar settings.")
     credentials: Credentials | None = Field(default=None, description="Secrets for model and adapter sources.")
+    security: SecuritySpec = Field(
+        default_factory=SecuritySpec, description="Who may reach the engines (NetworkPolicy, API key)."
+    )
 
     @field_validator("adapters")
     @classmethod

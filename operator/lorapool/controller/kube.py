@@ -32,6 +32,7 @@ _PATHS: dict[str, tuple[str, str]] = {
     "Pod": ("/api/v1", "pods"),
     "Deployment": ("/apis/apps/v1", "deployments"),
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
+    "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
     "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
     "LoRAPool": (f"/apis/{GROUP}/{VERSION}", "lorapools"),

@@ -8,6 +8,7 @@ MIB = 1024**2
 GIB = 1024**3
 
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+GPU_PRESENT_LABEL = "nvidia.com/gpu.present"  # set by GPU feature discovery on every GPU node
 GPU_RESOURCE = "nvidia.com/gpu"
 
 

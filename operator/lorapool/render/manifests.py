@@ -16,8 +16,9 @@ from typing import Any
 
 from lorapool.api.adapterset import CONFIGMAP_KEY, AdapterSet, DesiredAdapter
 from lorapool.api.models import DEFAULT_LORAPOOL_IMAGE, LoRAPool
+from lorapool.api.report import SYNCED_CONDITION
 from lorapool.plan.adapters import PoolAdapter
-from lorapool.plan.gpus import GIB, GPU_PRODUCT_LABEL, GPU_RESOURCE, GPUS
+from lorapool.plan.gpus import GIB, GPU_PRESENT_LABEL, GPU_PRODUCT_LABEL, GPU_RESOURCE, GPUS
 from lorapool.plan.planner import Plan, pod_memory_bytes
 from lorapool.render import names
 
@@ -40,8 +41,12 @@ def render_pool(
     objects = [
         adapters_configmap(pool, plan, adapters),
         engine_service(pool),
+        engine_serviceaccount(pool),
+        engine_role(pool),
+        engine_rolebinding(pool),
         engine_deployment(pool, plan, adapters, opts),
         engine_pdb(pool),
+        *([engine_network_policy(pool)] if pool.spec.security.network_policy else []),
         router_serviceaccount(pool),
         router_role(pool),
         router_rolebinding(pool),
@@ -169,6 +174,14 @@ def _credentials_env(pool: LoRAPool, *, hf: bool, s3: bool) -> list[Obj]:
     return env
 
 
+def _api_key_env(pool: LoRAPool) -> list[Obj]:
+    """The engines' API key from its Secret: vLLM requires it, the router and the sidecar send it."""
+    ref = pool.spec.security.api_key_secret_ref
+    if ref is None:
+        return []
+    return [{"name": names.ENGINE_API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
+
+
 def _restricted(read_only_root: bool) -> Obj:
     return {
         "allowPrivilegeEscalation": False,
@@ -236,7 +249,12 @@ def engine_deployment(pool: LoRAPool, plan: Plan, adapters: Sequence[PoolAdapter
     ]
     pod_spec: Obj = {
         "enableServiceLinks": False,  # a Service named "vllm" would inject VLLM_PORT and break vLLM
-        "automountServiceAccountToken": False,  # neither vLLM nor the sidecar talks to the API
+        # No token for vLLM: the sidecar alone gets one, projected into its container (report-token).
+        "serviceAccountName": names.engine_service_account(p),
+        "automountServiceAccountToken": False,
+        # The pod joins the Service once its sidecar says the first adapter sync is over (loaded or
+        # failed: a broken adapter fails everywhere alike and keeps no pod out); see docs/status.md.
+        "readinessGates": [{"conditionType": SYNCED_CONDITION}],
         "terminationGracePeriodSeconds": 60,
         "securityContext": {
             "runAsUser": 1000,
@@ -277,6 +295,7 @@ def _engine_volumes(pool: LoRAPool, adapters: Sequence[PoolAdapter]) -> list[Obj
         {"name": "adapters-config", "configMap": {"name": names.adapters_configmap(pool.metadata.name)}},
         {"name": "models", "emptyDir": {}},
         {"name": "tmp", "emptyDir": {}},
+        _report_token_volume(),
     ]
     if spec.base_model.source.startswith("pvc://"):
         claim = _pvc_claim(spec.base_model.source)
@@ -291,6 +310,21 @@ def _engine_volumes(pool: LoRAPool, adapters: Sequence[PoolAdapter]) -> list[Obj
     return volumes
 
 
+def _report_token_volume() -> Obj:
+    """The ServiceAccount token (rotated by the kubelet), the cluster CA and the namespace, as the
+    default token mount has them; mounted into the sidecar only."""
+    return {
+        "name": "report-token",
+        "projected": {
+            "sources": [
+                {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}},
+                {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}},
+            ]
+        },
+    }
+
+
 def _vllm_container(pool: LoRAPool, plan: Plan, opts: RenderOptions, pvc_mounts: list[Obj]) -> Obj:
     spec = pool.spec
     model_mounts: list[Obj] = [{"name": "models", "mountPath": names.MODELS_MOUNT}]
@@ -300,6 +334,7 @@ def _vllm_container(pool: LoRAPool, plan: Plan, opts: RenderOptions, pvc_mounts:
         {"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "true"},
         {"name": "HF_HOME", "value": f"{names.MODELS_MOUNT}/hf"},
         {"name": "HOME", "value": "/tmp"},
+        *_api_key_env(pool),
         *_credentials_env(pool, hf=True, s3=True),
         *[e.model_dump(by_alias=True, exclude_none=True) for e in spec.vllm.env],
     ]
@@ -350,6 +385,10 @@ def _sidecar_container(pool: LoRAPool, opts: RenderOptions, pvc_mounts: list[Obj
         "args": args,
         "env": [
             {"name": "HF_HOME", "value": "/tmp/hf"},
+            # The Pod it reports on (lorapool.api.report).
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            *_api_key_env(pool),
             *_credentials_env(pool, hf=True, s3=True),
         ],
         "ports": [{"name": "sidecar", "containerPort": names.SIDECAR_STATUS_PORT, "protocol": "TCP"}],
@@ -369,6 +408,7 @@ def _sidecar_container(pool: LoRAPool, opts: RenderOptions, pvc_mounts: list[Obj
             # Mounted without subPath so ConfigMap updates reach the running sidecar.
             {"name": "adapters-config", "mountPath": names.ADAPTERS_CONFIG_MOUNT, "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "report-token", "mountPath": names.SERVICE_ACCOUNT_MOUNT, "readOnly": True},
             *pvc_mounts,
         ],
         "securityContext": _restricted(read_only_root=True),
@@ -399,6 +439,36 @@ def engine_pdb(pool: LoRAPool) -> Obj:
         "kind": "PodDisruptionBudget",
         "metadata": _meta(pool, names.engine(p), "engine"),
         "spec": {"maxUnavailable": 1, "selector": {"matchLabels": names.selector(p, "engine")}},
+    }
+
+
+def engine_serviceaccount(pool: LoRAPool) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _meta(pool, names.engine_service_account(pool.metadata.name), "engine"),
+        "automountServiceAccountToken": False,  # the pod template projects the token into the sidecar only
+    }
+
+
+def engine_role(pool: LoRAPool) -> Obj:
+    """The sidecars' only right: patch the status (report annotation and condition) of pods in the namespace."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _meta(pool, names.engine_service_account(pool.metadata.name), "engine"),
+        "rules": [{"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]}],
+    }
+
+
+def engine_rolebinding(pool: LoRAPool) -> Obj:
+    name = names.engine_service_account(pool.metadata.name)
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _meta(pool, name, "engine"),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": pool.metadata.namespace}],
     }
 
 
@@ -447,6 +517,53 @@ def router_service(pool: LoRAPool) -> Obj:
     }
 
 
+def engine_network_policy(pool: LoRAPool) -> Obj:
+    """NetworkPolicy ``<pool>-engine``: only this pool's router pods reach the engines' port 8000.
+
+    That port carries vLLM's runtime LoRA API (load any path, unload everything), so no other
+    pod may call it. The sidecar calls its engine over localhost, which a NetworkPolicy does not
+    filter, and kubelet probes from the node are always allowed. ``spec.security.metricsNamespace``
+    adds a scraper namespace to the engine and sidecar metrics ports.
+    """
+    p = pool.metadata.name
+    engine_port = {"port": names.ENGINE_PORT, "protocol": "TCP"}
+    ingress: list[Obj] = [
+        {"from": [{"podSelector": {"matchLabels": names.selector(p, "router")}}], "ports": [engine_port]}
+    ]
+    if scraper := pool.spec.security.metrics_namespace:
+        ingress.append(
+            {
+                "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": scraper}}}],
+                "ports": [engine_port, {"port": names.SIDECAR_STATUS_PORT, "protocol": "TCP"}],
+            }
+        )
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(pool, names.engine_network_policy(p), "engine"),
+        "spec": {
+            "podSelector": {"matchLabels": names.selector(p, "engine")},
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
+        },
+    }
+
+
+def _off_gpu_nodes() -> Obj:
+    """Prefer nodes without GPUs: a router on a GPU node takes CPU and memory the engines' pods need.
+
+    Preferred, not required, so a cluster made only of GPU nodes still runs its routers.
+    """
+    no_gpu = [{"key": label, "operator": "DoesNotExist"} for label in (GPU_PRESENT_LABEL, GPU_PRODUCT_LABEL)]
+    return {
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 100, "preference": {"matchExpressions": no_gpu}}
+            ]
+        }
+    }
+
+
 def router_deployment(pool: LoRAPool, plan: Plan, opts: RenderOptions) -> Obj:
     p = pool.metadata.name
     ns = pool.metadata.namespace
@@ -472,6 +589,7 @@ def router_deployment(pool: LoRAPool, plan: Plan, opts: RenderOptions) -> Obj:
             "--max-cpu-loras",
             str(plan.max_cpu_loras),
         ],
+        **({"env": env} if (env := _api_key_env(pool)) else {}),
         "ports": [{"name": "http", "containerPort": names.ROUTER_PORT, "protocol": "TCP"}],
         "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
         "readinessProbe": {**probe, "periodSeconds": 5},
@@ -490,6 +608,7 @@ def router_deployment(pool: LoRAPool, plan: Plan, opts: RenderOptions) -> Obj:
                 "spec": {
                     "serviceAccountName": names.router(p),
                     "enableServiceLinks": False,
+                    "affinity": _off_gpu_nodes(),
                     "securityContext": {
                         "runAsUser": 1000,
                         "runAsGroup": 1000,

@@ -14,6 +14,10 @@ FIELD_MANAGER = "lorapool-operator"
 ADAPTERS_MOUNT = "/adapters"
 ADAPTERS_CONFIG_MOUNT = "/etc/lorapool"
 MODELS_MOUNT = "/models"
+# Where the sidecar (only) finds its projected ServiceAccount token, as in-cluster clients expect it.
+SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+# The engines' API key: vLLM reads this variable as its --api-key; the router and the sidecar send it.
+ENGINE_API_KEY_ENV = "VLLM_API_KEY"
 
 
 def engine(pool: str) -> str:
@@ -21,6 +25,15 @@ def engine(pool: str) -> str:
 
 
 def engine_service(pool: str) -> str:
+    return f"{pool}-engine"
+
+
+def engine_network_policy(pool: str) -> str:
+    return f"{pool}-engine"
+
+
+def engine_service_account(pool: str) -> str:
+    """The engine pods' ServiceAccount: its token is projected into the sidecar only, to report on its Pod."""
     return f"{pool}-engine"
 
 

@@ -163,10 +163,11 @@ class Proxy:
     async def _forward(self, request: web.Request, body: bytes, lease: Lease, start: float) -> web.StreamResponse:
         backend = lease.state.id
         url = self._upstream_url(backend, request)
+        headers = forward_headers(request.headers)
+        if "Authorization" in self.session.headers:
+            headers.popall("Authorization", None)  # the engines want their key, not the client's
         try:
-            upstream = await self.session.post(
-                url, data=body, headers=forward_headers(request.headers), timeout=self.timeout
-            )
+            upstream = await self.session.post(url, data=body, headers=headers, timeout=self.timeout)
         except aiohttp.ClientConnectorError as exc:
             raise _Retry("connect", down=True) from exc
         except (aiohttp.ClientError, TimeoutError) as exc:

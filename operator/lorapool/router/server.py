@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 from collections.abc import Callable
 
 import aiohttp
 from aiohttp import web
 
+from lorapool.render.names import ENGINE_API_KEY_ENV
 from lorapool.router import registry
 from lorapool.router.app import build_app
 from lorapool.router.endpointslices import EndpointSliceWatch, parse_target
@@ -42,6 +44,12 @@ def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
     raise ValueError(f"--event-loop={name!r} is not uvloop or asyncio")
 
 
+def engine_auth_headers() -> dict[str, str]:
+    """The engines' API key (spec.security.apiKeySecretRef, rendered as env VLLM_API_KEY) for every upstream call."""
+    key = os.environ.get(ENGINE_API_KEY_ENV)
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 async def serve(settings: RouterSettings) -> None:
     """Run until a stop signal arrives."""
     scheduling = registry.build(settings.policy, settings.policy_params())
@@ -51,7 +59,9 @@ async def serve(settings: RouterSettings) -> None:
     scheduler = Scheduler(scheduling, settings, telemetry)
     loop = asyncio.get_running_loop()
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=UPSTREAM_KEEPALIVE_S)
-    async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
+    async with aiohttp.ClientSession(
+        connector=connector, auto_decompress=False, headers=engine_auth_headers()
+    ) as session:
         poller = Poller(scheduler, session, settings)
         background: set[asyncio.Task[None]] = set()
         watch: EndpointSliceWatch | None = None

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import random
 import time
 from collections.abc import Callable, Coroutine
@@ -28,6 +29,7 @@ from lorapool.api.adapterset import AdapterSet, DesiredAdapter
 from lorapool.api.peft import parse_adapter_config
 from lorapool.api.report import ANNOTATION, SYNCED_CONDITION, encode
 from lorapool.errors import AdapterError, SourceError, UnsafePathError
+from lorapool.render.names import ENGINE_API_KEY_ENV
 from lorapool.sidecar.core import (
     UNLOAD,
     AdapterState,
@@ -171,7 +173,11 @@ class Agent:
         s = self.settings
         async with aiohttp.ClientSession() as session:
             self._engine = EngineClient(
-                s.engine_url, session, timeout_s=s.http_timeout_s, load_timeout_s=s.load_timeout_s
+                s.engine_url,
+                session,
+                timeout_s=s.http_timeout_s,
+                load_timeout_s=s.load_timeout_s,
+                api_key=os.environ.get(ENGINE_API_KEY_ENV) or None,
             )
             runner = await self._start_http()
             await asyncio.to_thread(self.store.reset_staging)

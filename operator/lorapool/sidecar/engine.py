@@ -79,10 +79,18 @@ class EngineError(Exception):
 
 class EngineClient:
     def __init__(
-        self, base_url: str, session: aiohttp.ClientSession, *, timeout_s: float, load_timeout_s: float
+        self,
+        base_url: str,
+        session: aiohttp.ClientSession,
+        *,
+        timeout_s: float,
+        load_timeout_s: float,
+        api_key: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self._session = session
+        # vLLM started with --api-key refuses every /v1 route without it (spec.security.apiKeySecretRef).
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._load_timeout = aiohttp.ClientTimeout(total=load_timeout_s)
 
@@ -96,7 +104,9 @@ class EngineClient:
     async def adapters(self) -> dict[str, str]:
         """Loaded adapters: name -> root (the lora_path it was loaded from)."""
         try:
-            async with self._session.get(f"{self.base_url}/v1/models", timeout=self._timeout) as resp:
+            async with self._session.get(
+                f"{self.base_url}/v1/models", headers=self._headers, timeout=self._timeout
+            ) as resp:
                 if resp.status != 200:
                     raise EngineError(f"GET /v1/models answered HTTP {resp.status}", status=resp.status)
                 body: Any = await resp.json(content_type=None)
@@ -150,7 +160,9 @@ class EngineClient:
         self, path: str, payload: dict[str, Any], limit: aiohttp.ClientTimeout, name: str
     ) -> tuple[int, str]:
         try:
-            async with self._session.post(f"{self.base_url}{path}", json=payload, timeout=limit) as resp:
+            async with self._session.post(
+                f"{self.base_url}{path}", json=payload, headers=self._headers, timeout=limit
+            ) as resp:
                 return resp.status, await resp.text()
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise EngineError(
