@@ -56,30 +56,55 @@ def test_token_id_prompts_count_one_token_each() -> None:
 
 
 @pytest.mark.parametrize(
-    ("body", "chat", "param"),
+    ("body", "chat", "err_type", "param"),
     [
-        pytest.param({}, False, "prompt", id="no-prompt"),
-        pytest.param({"prompt": ["a", "b"]}, False, "prompt", id="batch-of-prompts"),
-        pytest.param({"prompt": "x", "max_tokens": 0}, False, "max_tokens", id="max-tokens-zero"),
-        pytest.param({"prompt": "x", "max_tokens": "5"}, False, "max_tokens", id="max-tokens-string"),
-        pytest.param({"prompt": "x", "n": 0}, False, "n", id="n-zero"),
-        pytest.param({"prompt": "x", "n": 2, "stream": True}, False, "n", id="n-above-1-streamed"),
+        # vLLM's own checks: BadRequestError; what pydantic cannot coerce: FastAPI's "Bad Request"
+        pytest.param({}, False, "BadRequestError", "prompt", id="no-prompt"),
+        pytest.param({"prompt": ["a", "b"]}, False, "BadRequestError", "prompt", id="batch-of-prompts"),
+        pytest.param({"prompt": "x", "max_tokens": 0}, False, "BadRequestError", "max_tokens", id="max-tokens-zero"),
+        pytest.param(
+            {"prompt": "x", "max_tokens": "five"}, False, "Bad Request", "body.max_tokens", id="max-tokens-not-a-number"
+        ),
+        pytest.param({"prompt": "x", "n": 0}, False, "BadRequestError", None, id="n-zero"),
+        pytest.param({"prompt": "x", "n": 2, "stream": True}, False, "BadRequestError", "n", id="n-above-1-streamed"),
+        pytest.param(
+            {"prompt": "x", "stream": "maybe"}, False, "Bad Request", "body.stream", id="stream-not-a-boolean"
+        ),
         pytest.param(
             {"prompt": "x", "stream_options": {"include_usage": True}},
             False,
+            "BadRequestError",
             "stream_options",
             id="options-without-stream",
         ),
-        pytest.param({"prompt": "x", "model": 3}, False, "model", id="model-not-string"),
-        pytest.param({"messages": []}, True, None, id="no-messages"),
-        pytest.param({"messages": [{"content": "x"}]}, True, "messages", id="message-without-role"),
-        pytest.param({"messages": [{"role": "user", "content": 5}]}, True, "messages", id="content-not-text"),
+        pytest.param({"prompt": "x", "model": 3}, False, "Bad Request", "body.model", id="model-not-string"),
+        pytest.param({"messages": []}, True, "BadRequestError", None, id="no-messages"),
+        pytest.param({"messages": "hi"}, True, "Bad Request", "body.messages", id="messages-not-a-list"),
+        pytest.param({"messages": [{"content": "x"}]}, True, "Bad Request", "body.messages", id="message-without-role"),
+        pytest.param(
+            {"messages": [{"role": "user", "content": 5}]}, True, "Bad Request", "body.messages", id="content-not-text"
+        ),
     ],
 )
-def test_bad_bodies_are_400(body: Any, chat: bool, param: str | None) -> None:
+def test_bad_bodies_are_400(body: Any, chat: bool, err_type: str, param: str | None) -> None:
     with pytest.raises(RequestError) as caught:
         parse_generation(body, chat=chat)
-    assert (caught.value.status, caught.value.err_type, caught.value.param) == (400, "BadRequestError", param)
+    assert (caught.value.status, caught.value.err_type, caught.value.param) == (400, err_type, param)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "parsed"),
+    [
+        ("max_tokens", "5", 5),
+        ("max_tokens", 5.0, 5),
+        ("stream", "yes", True),
+        ("stream", 0, False),
+        ("ignore_eos", "on", True),
+    ],
+)
+def test_fields_are_read_as_pydantics_lax_mode_does(field: str, value: Any, parsed: object) -> None:
+    gen = parse_generation({"prompt": "x", field: value}, chat=False)
+    assert getattr(gen, field) == parsed
 
 
 def test_a_body_that_is_not_an_object_is_fastapis_validation_error() -> None:

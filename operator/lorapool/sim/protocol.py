@@ -100,53 +100,59 @@ class Generation:
 
 
 def parse_generation(body: Any, *, chat: bool) -> Generation:
-    """Check a request body the way vLLM's request models do; raise RequestError if refused."""
+    """Check a request body the way vLLM's request models do; raise RequestError if refused.
+
+    Field types follow pydantic's lax mode, as vLLM's request models: ``"5"`` is a valid
+    ``max_tokens`` and ``"yes"`` a valid ``stream``; a value it cannot coerce is FastAPI's
+    400 ``Bad Request`` naming ``body.<field>``. vLLM's own checks are 400 ``BadRequestError``.
+    """
     if not isinstance(body, Mapping):
         raise not_an_object(body)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
-        raise bad_request("'model' must be a string", "model")
-    n = body.get("n", 1)
+        raise wrong_type("model", model, "string_type", "Input should be a valid string")
+    n = lax_int(body, "n", 1)
     if n is None:
         n = 1
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise bad_request(f"n must be at least 1, got {n}.", "n")
-    if n > 1 and body.get("stream"):
+    if n < 1:
+        raise bad_request(f"n must be at least 1, got {n}.")
+    stream = lax_bool(body, "stream", False)
+    if n > 1 and stream:
         raise bad_request("the simulator streams n=1 only (n > 1 works without stream)", "n")
     if chat:
         messages = body.get("messages")
         if isinstance(messages, list) and not messages:
             raise bad_request("Cannot apply chat template to an empty conversation. Provide at least one message.")
-        if not isinstance(messages, list) or not all(isinstance(m, Mapping) for m in messages):
-            raise bad_request("'messages' must be a non-empty list of message objects", "messages")
+        if not isinstance(messages, list):
+            raise wrong_type("messages", messages, "list_type", "Input should be a valid list")
+        for index, message in enumerate(messages):
+            if not isinstance(message, Mapping):
+                raise wrong_type(f"messages.{index}", message, "model_type", "Input should be a valid dictionary")
         try:
             prompt_tokens, prompt = count_chat_tokens(messages)
         except ValueError as exc:
-            raise bad_request(str(exc), "messages") from exc
-        max_tokens = _optional_int(body, "max_completion_tokens")
+            # pydantic tries every message type of the union; its first location is as good as ours
+            raise invalid_body(str(exc), "body.messages") from exc
+        max_tokens = lax_int(body, "max_completion_tokens")
         param = "max_completion_tokens"
         if max_tokens is None:
-            max_tokens, param = _optional_int(body, "max_tokens"), "max_tokens"
+            max_tokens, param = lax_int(body, "max_tokens"), "max_tokens"
     else:
         param = "max_tokens"
         prompt, prompt_tokens = _completion_prompt(body.get("prompt"))
-        max_tokens = _optional_int(body, "max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS)
+        max_tokens = lax_int(body, "max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS)
     if max_tokens is not None and max_tokens < 1:
         raise bad_request(
             f"max_tokens must be at least 1, got {max_tokens}. (parameter=max_tokens, value={max_tokens})", "max_tokens"
         )
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise bad_request("'stream' must be a boolean", "stream")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, Mapping):
-        raise bad_request("'stream_options' must be an object", "stream_options")
+        raise wrong_type("stream_options", options, "model_type", "Input should be a valid dictionary")
     if options is not None and not stream:
-        raise bad_request("Stream options can only be defined when `stream=True`.", "stream_options")
+        raise bad_request(
+            "Stream options can only be defined when `stream=True`. (parameter=stream_options)", "stream_options"
+        )
     include_usage = bool(options and options.get("include_usage"))
-    seed = body.get("seed")
-    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-        raise bad_request("'seed' must be an integer", "seed")
     return Generation(
         chat=chat,
         model=model,
@@ -157,33 +163,66 @@ def parse_generation(body: Any, *, chat: bool) -> Generation:
         n=n,
         stream=stream,
         include_usage=include_usage,
-        ignore_eos=bool(body.get("ignore_eos", False)),
-        seed=seed,
+        ignore_eos=bool(lax_bool(body, "ignore_eos", False)),
+        seed=lax_int(body, "seed"),
     )
 
 
-def _optional_int(body: Mapping[str, Any], key: str, default: int | None = None) -> int | None:
-    """``default`` when absent; an explicit null means "no limit" (the rest of the context)."""
+_TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
+_FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
+
+
+def wrong_type(field: str, value: Any, kind: str, msg: str) -> RequestError:
+    """FastAPI's 400 for a value pydantic cannot coerce to the field's type."""
+    detail = {"type": kind, "loc": f"body.{field}", "msg": msg, "input": repr(value)}
+    return invalid_body(repr(detail), f"body.{field}")
+
+
+def lax_int(body: Mapping[str, Any], key: str, default: int | None = None) -> int | None:
+    """An optional integer field as pydantic's lax mode reads it (``5``, ``5.0``, ``"5"``); null is None."""
     if key not in body:
         return default
     value = body[key]
     if value is None:
         return None
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise bad_request(f"'{key}' must be an integer", key)
-    return value
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    raise wrong_type(key, value, "int_parsing", "Input should be a valid integer, unable to parse string as an integer")
+
+
+def lax_bool(body: Mapping[str, Any], key: str, default: bool) -> bool:
+    """A boolean field as pydantic's lax mode reads it (``true``, ``1``, ``"yes"``, ``"off"``, ...)."""
+    value = body.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise wrong_type(key, value, "bool_parsing", "Input should be a valid boolean, unable to interpret input")
 
 
 def _completion_prompt(prompt: Any) -> tuple[str, int]:
-    if isinstance(prompt, str):
+    if isinstance(prompt, str) and prompt:
         return prompt, count_text_tokens(prompt)
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         return prompt[0], count_text_tokens(prompt[0])
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         return ",".join(map(str, prompt)), len(prompt)
-    if prompt is None:
-        raise bad_request("'prompt' is required", "prompt")
-    raise bad_request("'prompt' must be a string or a list of token ids (one prompt per request)", "prompt")
+    if prompt is None or prompt in ("", []):
+        raise bad_request("Either prompt or prompt_embeds must be provided and non-empty. (parameter=prompt)", "prompt")
+    raise bad_request("the simulator serves one prompt per request (a string or a list of token ids)", "prompt")
 
 
 def check_context(prompt_tokens: int, max_tokens: int | None, max_model_len: int, param: str = "max_tokens") -> int:

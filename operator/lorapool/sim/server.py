@@ -151,6 +151,8 @@ class SimServer:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         routes: list[tuple[str, str, Callable[[web.Request], Awaitable[web.StreamResponse]]]] = [
             ("GET", "/health", self.health),
+            ("GET", "/ping", self.health),  # SageMaker's health route, which vLLM serves too
+            ("POST", "/ping", self.health),
             ("GET", "/version", self.version),
             ("GET", "/metrics", self.metrics_text),
             ("GET", "/v1/models", self.models),
@@ -410,6 +412,8 @@ class SimServer:
             return _error(exc.status, exc.err_type, exc.message, exc.param)
         if not name or not path:
             return _error(400, "InvalidUserInput", "Both 'lora_name' and 'lora_path' must be provided.")
+        if name in self.base_names:
+            return _error(400, "InvalidUserInput", f"The lora adapter '{name}' conflicts with a served base model.")
         lock = self._name_locks.setdefault(name, asyncio.Lock())
         async with lock:
             existing = self.adapters.get(name)
@@ -481,10 +485,7 @@ async def _read_json(request: web.Request) -> Any:
 def _load_request(body: Any) -> tuple[str | None, str | None, bool]:
     name = _string_field(body, "lora_name", required=True)
     path = _string_field(body, "lora_path", required=True)
-    inplace = body.get("load_inplace", False)
-    if not isinstance(inplace, bool):
-        raise protocol.bad_request("'load_inplace' must be a boolean", "load_inplace")
-    return name, path, inplace
+    return name, path, protocol.lax_bool(body, "load_inplace", False)
 
 
 def _string_field(body: Any, key: str, *, required: bool = False) -> str | None:
@@ -494,7 +495,7 @@ def _string_field(body: Any, key: str, *, required: bool = False) -> str | None:
         raise protocol.missing_field(key, body)
     value = body.get(key)
     if value is not None and not isinstance(value, str):
-        raise protocol.bad_request(f"'{key}' must be a string", key)
+        raise protocol.wrong_type(key, value, "string_type", "Input should be a valid string")
     return value
 
 
