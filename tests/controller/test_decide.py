@@ -8,15 +8,16 @@ import pytest
 
 from lorapool.api.load import parse_object
 from lorapool.api.models import LoRAAdapter, LoRAPool
-from lorapool.api.status import AdapterPhase
+from lorapool.api.status import AdapterPhase, LoRAAdapterStatus
 from lorapool.controller import decide
 from lorapool.controller.decide import Event, Fetched
-from lorapool.controller.status import AdapterResult
+from lorapool.controller.status import NOWHERE, AdapterResult, Presence, adapter_object_status
 from lorapool.plan.adapters import PoolAdapter, merge_adapters
 from lorapool.render.manifests import RenderOptions
 
 BASE = "meta-llama/Meta-Llama-3-8B-Instruct"
 READY, PENDING, FAILED, CONFLICT = AdapterPhase.READY, AdapterPhase.PENDING, AdapterPhase.FAILED, AdapterPhase.CONFLICT
+LOADING = AdapterPhase.LOADING  # the verdict "accepted": Ready only once a replica reports it loaded
 
 
 def pool(adapters: list[dict[str, Any]] | None = None, **lora: Any) -> LoRAPool:
@@ -56,9 +57,9 @@ def peft(r: int = 8, **extra: Any) -> dict[str, Any]:
 
 
 JUDGE = {
-    "config-read": (inline(), Fetched(config=peft(8)), READY, 8, ""),
+    "config-read": (inline(), Fetched(config=peft(8)), LOADING, 8, ""),
     "unreadable-without-rank-waits": (inline(), Fetched(unreadable="503"), PENDING, None, "cannot read"),
-    "unreadable-with-rank-uses-spec": (inline(16), Fetched(unreadable="503"), READY, 16, "using rank 16"),
+    "unreadable-with-rank-uses-spec": (inline(16), Fetched(unreadable="503"), LOADING, 16, "using rank 16"),
     "refused-by-source": (inline(16), Fetched(refused="path escapes"), FAILED, 16, "path escapes"),
     "not-a-json-object": (inline(), Fetched(config=None), FAILED, None, "expected a JSON object"),
     "dora": (inline(), Fetched(config=peft(8, use_dora=True)), FAILED, 8, "DoRA"),
@@ -100,7 +101,7 @@ def run_decide(
 ) -> decide.Decision:
     merged = merge_adapters(p, objects or [])
     verdicts = [
-        AdapterResult(a.spec.name, a.origin, r, READY if r else PENDING)
+        AdapterResult(a.spec.name, a.origin, r, LOADING if r else PENDING)
         for a, r in zip(merged.adapters, verdict_ranks, strict=True)
     ]
     return decide.decide(p, merged, verdicts, [("bad", "spec.rank: too big")], RenderOptions())
@@ -112,12 +113,14 @@ def test_decide_renders_a_valid_plan_and_lists_unmerged_adapters_last() -> None:
     decision = run_decide(p, [8, None], [clash])
     assert decision.plan is not None and decision.plan.max_lora_rank == 8 and not decision.plan_errors
     assert [(r.name, r.phase) for r in decision.adapters] == [
-        ("a", READY),
+        ("a", LOADING),
         ("b", PENDING),
         ("a", CONFLICT),
         ("bad", FAILED),
     ]
-    assert [o["kind"] for o in decision.objects][:3] == ["ConfigMap", "Service", "Deployment"]
+    kinds = [o["kind"] for o in decision.objects]
+    assert kinds[:2] == ["ConfigMap", "Service"] and "Deployment" in kinds
+    assert set(decision.identities) == {"a", "b"}  # what the sidecars' reports are read against
 
 
 def test_an_explicit_rank_below_an_adapter_is_a_plan_error_naming_it() -> None:
@@ -221,22 +224,46 @@ def test_pool_events(old: dict[str, Any], new: dict[str, Any], expected: list[Ev
     assert decide.pool_events(old, new) == expected
 
 
+def adapter_status(result: AdapterResult, presence: Presence = NOWHERE) -> LoRAAdapterStatus:
+    return adapter_object_status("p", 1, result, presence)
+
+
+def stored(result: AdapterResult, presence: Presence = NOWHERE) -> dict[str, Any]:
+    return adapter_status(result, presence).to_wire()
+
+
+LOADED = Presence(loaded=2)
+BROKEN = Presence(failures=("p-0: rank 64 > 16",))
 ADAPTER_EVENTS = {
-    "ready": (None, AdapterResult("a", "LoRAAdapter", 8, READY), []),
+    "accepted-is-quiet": ({}, adapter_status(AdapterResult("a", "LoRAAdapter", 8, LOADING)), []),
+    "became-loaded": (
+        stored(AdapterResult("a", "LoRAAdapter", 8, LOADING)),
+        adapter_status(AdapterResult("a", "LoRAAdapter", 8, LOADING), LOADED),
+        [Event("Loaded", "loaded on 2 ready replica(s) of pool p")],
+    ),
     "became-failed": (
-        "Ready",
-        AdapterResult("a", "LoRAAdapter", 8, FAILED, "DoRA"),
+        stored(AdapterResult("a", "LoRAAdapter", 8, LOADING), LOADED),
+        adapter_status(AdapterResult("a", "LoRAAdapter", 8, FAILED, "DoRA")),
         [Event("Invalid", "DoRA", "Warning")],
     ),
-    "still-failed": ("Failed", AdapterResult("a", "LoRAAdapter", 8, FAILED, "DoRA"), []),
+    "still-failed": (
+        stored(AdapterResult("a", "LoRAAdapter", 8, FAILED, "DoRA")),
+        adapter_status(AdapterResult("a", "LoRAAdapter", 8, FAILED, "DoRA")),
+        [],
+    ),
+    "load-failed-on-the-engines": (
+        stored(AdapterResult("a", "LoRAAdapter", 8, LOADING)),
+        adapter_status(AdapterResult("a", "LoRAAdapter", 8, LOADING), BROKEN),
+        [Event("LoadFailed", "failed to load on 1 replica(s): rank 64 > 16", "Warning")],
+    ),
     "conflict": (
-        None,
-        AdapterResult("a", "LoRAAdapter", None, CONFLICT, "clash"),
+        {},
+        adapter_status(AdapterResult("a", "LoRAAdapter", None, CONFLICT, "clash")),
         [Event("NameConflict", "clash", "Warning")],
     ),
 }
 
 
-@pytest.mark.parametrize(("old", "result", "expected"), list(ADAPTER_EVENTS.values()), ids=list(ADAPTER_EVENTS))
-def test_adapter_events(old: str | None, result: AdapterResult, expected: list[Event]) -> None:
-    assert decide.adapter_events(old, result) == expected
+@pytest.mark.parametrize(("old", "new", "expected"), list(ADAPTER_EVENTS.values()), ids=list(ADAPTER_EVENTS))
+def test_adapter_events(old: dict[str, Any], new: LoRAAdapterStatus, expected: list[Event]) -> None:
+    assert decide.adapter_events(old, new) == expected

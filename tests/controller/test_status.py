@@ -44,7 +44,7 @@ BASE = Observed(
     generation=3,
     plan=PLAN.to_status(),
     plan_errors=(),
-    adapters=(AdapterResult("a", "Inline", 8, AdapterPhase.READY),),
+    adapters=(AdapterResult("a", "Inline", 8, AdapterPhase.LOADING),),
     desired_replicas=2,
     engine={"replicas": 2, "readyReplicas": 2, "updatedReplicas": 2},
     engine_generation_current=True,
@@ -127,22 +127,31 @@ def test_planner_warnings_reach_status() -> None:
 def test_status_patch_clears_what_is_no_longer_true() -> None:
     wire = pool_status(replace(BASE, plan=None, plan_errors=("too big",))).to_patch()
     assert "plan" in wire and wire["plan"] is None  # a merge patch must null the old plan
-    assert wire["adapters"] == [{"name": "a", "sourceKind": "Inline", "rank": 8, "phase": "Ready"}]
+    assert wire["adapters"] == [
+        {"name": "a", "sourceKind": "Inline", "rank": 8, "phase": "Loading", "loadedReplicas": 0}
+    ]
     invalid = invalid_spec_status(["spec.gpu: missing"], 4).to_patch()
     assert set(invalid) == {"observedGeneration", "conditions"}  # an invalid spec leaves the rest alone
     adapter = adapter_object_status("p", 2, AdapterResult("a", "LoRAAdapter", None, AdapterPhase.PENDING)).to_patch()
-    assert adapter["rank"] is None and adapter["pool"] == "p" and "loadedReplicas" not in adapter
+    assert adapter["rank"] is None and adapter["pool"] == "p" and adapter["loadedReplicas"] == 0
+    conflict = adapter_object_status("p", 2, AdapterResult("a", "LoRAAdapter", None, AdapterPhase.CONFLICT, "x"))
+    assert conflict.to_patch()["loadedReplicas"] is None  # not served: no count (a stale one is cleared)
 
 
 def test_adapter_object_status() -> None:
     failed = adapter_object_status("p", 2, AdapterResult("a", "LoRAAdapter", 8, AdapterPhase.FAILED, "DoRA"))
     assert isinstance(failed, LoRAAdapterStatus) and failed.phase == AdapterPhase.FAILED
     assert [(c.type, c.status, c.reason) for c in failed.conditions] == [
+        ("Accepted", "False", "Invalid"),
         ("Ready", "False", "Invalid"),
         ("Degraded", "True", "Invalid"),
     ]
-    ok = adapter_object_status("p", 2, AdapterResult("a", "LoRAAdapter", 8, AdapterPhase.READY))
-    assert ok.conditions[0].message == "served by pool p" and ok.conditions[1].status == "False"
+    accepted = adapter_object_status("p", 2, AdapterResult("a", "LoRAAdapter", 8, AdapterPhase.LOADING))
+    assert [(c.type, c.status, c.reason) for c in accepted.conditions] == [
+        ("Accepted", "True", "Accepted"),
+        ("Ready", "False", "Loading"),
+        ("Degraded", "False", "Healthy"),
+    ]
 
 
 def test_merge_conditions_keeps_the_transition_time_while_status_holds() -> None:

@@ -48,6 +48,7 @@ class ConditionType(StrEnum):
     """Every condition type the operator writes."""
 
     READY = "Ready"
+    ACCEPTED = "Accepted"  # LoRAAdapter only: source read, rank, base model and format valid
     PROGRESSING = "Progressing"
     DEGRADED = "Degraded"
     RECONCILING = "Reconciling"  # kstatus: abnormal-true twin of Progressing
@@ -130,9 +131,12 @@ class PlanStatus(Status):
 
 
 class AdapterPhase(StrEnum):
+    """An adapter's phase in the pool (docs/status.md: loaded / active / placed)."""
+
     PENDING = "Pending"  # metadata not read yet: its rank is unknown
-    READY = "Ready"  # valid and part of the desired set
-    FAILED = "Failed"  # vLLM would refuse it, or its spec contradicts its config
+    LOADING = "Loading"  # accepted (valid, in the desired set); no ready replica has loaded it yet
+    READY = "Ready"  # loaded on at least one ready replica, as its sidecar reports
+    FAILED = "Failed"  # vLLM would refuse it, its spec contradicts its config, or every replica failed to load it
     CONFLICT = "Conflict"  # a LoRAAdapter whose name the pool already declares inline
 
 
@@ -143,8 +147,13 @@ class AdapterStatus(Status):
     source_kind: str = Field(default="Inline", description="Inline (spec.adapters) or LoRAAdapter.")
     rank: int | None = Field(default=None, description="Rank read from adapter_config.json or the spec.")
     phase: AdapterPhase = Field(default=AdapterPhase.PENDING, description=f"{_listed(AdapterPhase)}.")
-    loaded_replicas: int | None = Field(default=None, description="Replicas where the sidecar reports it loaded.")
-    message: str | None = Field(default=None, description="What is wrong and how to fix it.")
+    loaded_replicas: int | None = Field(
+        default=None,
+        description="Ready engine replicas whose sidecar reports this adapter loaded at the revision the spec asks for.",
+    )
+    message: str | None = Field(
+        default=None, description="What is wrong and how to fix it, or why it is not loaded (the engine's reason)."
+    )
 
 
 class LoRAPoolStatus(Status):
@@ -169,7 +178,10 @@ class LoRAAdapterStatus(Status):
     observed_generation: int | None = None
     conditions: list[Condition] = Field(default_factory=list)
     pool: str | None = Field(default=None, description="The pool this adapter is attached to.")
-    rank: int | None = None
-    phase: AdapterPhase = AdapterPhase.PENDING
-    loaded_replicas: int | None = None
-    message: str = ""
+    rank: int | None = Field(default=None, description="Rank read from adapter_config.json or the spec.")
+    phase: AdapterPhase = Field(default=AdapterPhase.PENDING, description=f"{_listed(AdapterPhase)}.")
+    loaded_replicas: int | None = Field(
+        default=None,
+        description="Ready engine replicas whose sidecar reports it loaded at the revision the spec asks for.",
+    )
+    message: str = Field(default="", description="What is wrong and how to fix it, or why it is not loaded yet.")

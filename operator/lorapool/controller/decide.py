@@ -5,13 +5,13 @@
 what the observed children mean, which Events to post) is a function of that data, so
 it is tested with tables and no control plane. The steps, in reconcile order:
 
-    read_pool -> pool_adapters -> judge_adapter (per adapter) -> decide -> observe -> events
+    read_pool -> pool_adapters -> judge_adapter (per adapter) -> decide -> observe (presence) -> events
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
@@ -19,8 +19,15 @@ from pydantic import ValidationError
 from lorapool.api.load import describe
 from lorapool.api.models import LoRAAdapter, LoRAPool
 from lorapool.api.peft import parse_adapter_config, same_base_model
-from lorapool.api.status import AdapterPhase, ConditionType
-from lorapool.controller.status import CONVERGING_REASONS, AdapterResult, Observed, adapter_reason
+from lorapool.api.report import adapter_identity, pod_report
+from lorapool.api.status import AdapterPhase, ConditionType, LoRAAdapterStatus
+from lorapool.controller.status import (
+    CONVERGING_REASONS,
+    FAILED_REASONS,
+    AdapterResult,
+    Observed,
+    Presence,
+)
 from lorapool.errors import LoRAPoolError, PlanError
 from lorapool.plan.adapters import Merged, PoolAdapter
 from lorapool.plan.gpus import GPUS
@@ -99,7 +106,7 @@ def judge_adapter(adapter: PoolAdapter, base_model: str, fetched: Fetched) -> Ad
         reason = fetched.unreadable
         if spec.rank is not None:
             message = f"source not readable by the operator ({reason}); using rank {spec.rank} from the spec"
-            return result(AdapterPhase.READY, spec.rank, message)
+            return result(AdapterPhase.LOADING, spec.rank, message)
         return result(
             AdapterPhase.PENDING,
             None,
@@ -125,7 +132,7 @@ def judge_adapter(adapter: PoolAdapter, base_model: str, fetched: Fetched) -> Ad
             f"{adapter.field}.rank={spec.rank} but adapter_config.json says {config.rank}; "
             "fix or remove the rank in the spec",
         )
-    return result(AdapterPhase.READY, config.rank)
+    return result(AdapterPhase.LOADING, config.rank)
 
 
 def unmerged(merged: Merged, invalid: Sequence[tuple[str, str]]) -> list[AdapterResult]:
@@ -147,6 +154,7 @@ class Decision:
     plan_errors: tuple[str, ...]
     adapters: tuple[AdapterResult, ...]  # the pool's adapters (spec order), then unmerged LoRAAdapters
     objects: tuple[Obj, ...]  # children to server-side apply, in order; none while the plan is invalid
+    identities: Mapping[str, str] = field(default_factory=dict)  # rendered adapter -> identity the sidecars load
 
 
 def decide(
@@ -169,7 +177,8 @@ def decide(
     except PlanError as exc:
         return Decision(None, exc.problems, (*verdicts, *rest), ())
     objects = render_pool(pool, plan, [a for a, _ in servable], options)
-    return Decision(plan, (), (*verdicts, *rest), tuple(objects))
+    identities = {a.spec.name: adapter_identity(a.spec.source, a.spec.revision, a.spec.sha256) for a, _ in servable}
+    return Decision(plan, (), (*verdicts, *rest), tuple(objects), identities)
 
 
 # --- 5. observe ------------------------------------------------------------------------------
@@ -192,6 +201,39 @@ def unschedulable(pool: LoRAPool, pods: Sequence[Mapping[str, Any]]) -> str | No
                     "add such nodes or change spec.gpu"
                 )
     return None
+
+
+def _serving(pod: Mapping[str, Any]) -> bool:
+    """A pod the Service routes to: Ready and not terminating."""
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def presence(identities: Mapping[str, str], pods: Sequence[Mapping[str, Any]]) -> dict[str, Presence]:
+    """What the engines hold of each desired adapter, from their sidecars' reports (lorapool.api.report).
+
+    Loaded counts only Ready, non-terminating pods holding the identity the spec asks for now;
+    failures and loads in progress count on every pod that is not terminating.
+    """
+    loaded = dict.fromkeys(identities, 0)
+    loading = dict.fromkeys(identities, 0)
+    failures: dict[str, list[str]] = {name: [] for name in identities}
+    for pod in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("name", "")):
+        meta = pod.get("metadata") or {}
+        report = pod_report(pod)
+        if report is None or meta.get("deletionTimestamp"):
+            continue
+        serving = _serving(pod)
+        for name, identity in identities.items():
+            if report.holds(name, identity):
+                loaded[name] += serving
+            elif (why := report.failure(name, identity)) is not None:
+                failures[name].append(f"{meta.get('name', '?')}: {why}")
+            elif report.loading(name):
+                loading[name] += 1
+    return {n: Presence(loaded[n], loading[n], tuple(failures[n])) for n in identities}
 
 
 def observe(
@@ -219,6 +261,7 @@ def observe(
         unschedulable=unschedulable(pool, pods),
         endpoint=names.endpoint(name, namespace),
         selector=names.selector_string(name, "engine"),
+        presence=presence(decision.identities, pods),
     )
 
 
@@ -247,6 +290,11 @@ def pool_events(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Event]:
         events.append(
             Event(after.get("reason", "Unknown"), after.get("message", ""), "Normal" if normal else "Warning")
         )
+    old_phases = {a.get("name"): a.get("phase") for a in old.get("adapters") or []}
+    for adapter in new.get("adapters") or []:
+        if adapter.get("phase") == AdapterPhase.FAILED and old_phases.get(adapter.get("name")) != AdapterPhase.FAILED:
+            message = f"adapter {adapter.get('name')}: {adapter.get('message', '')}"
+            events.append(Event("AdapterFailed", message, "Warning"))
     old_plan, new_plan = old.get("plan") or {}, new.get("plan") or {}
     if new_plan and any(old_plan.get(f) != new_plan.get(f) for f in PLAN_FLAGS):
         message = ", ".join(f"{f}={new_plan[f]}" for f in PLAN_FLAGS)
@@ -254,8 +302,19 @@ def pool_events(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Event]:
     return events
 
 
-def adapter_events(old_phase: str | None, result: AdapterResult) -> list[Event]:
-    """A Warning when a LoRAAdapter becomes Failed or Conflict."""
-    if result.phase in (AdapterPhase.FAILED, AdapterPhase.CONFLICT) and old_phase != result.phase:
-        return [Event(adapter_reason(result.phase), result.message, "Warning")]
+def adapter_events(old: Mapping[str, Any], new: LoRAAdapterStatus) -> list[Event]:
+    """On a change of the Ready condition's reason: a Warning when the adapter is refused or every
+    replica failed to load it (with the engine's reason), a Normal Event when it became loaded."""
+
+    def ready(conditions: Any) -> Mapping[str, Any]:
+        return next((c for c in conditions or [] if c.get("type") == ConditionType.READY), {})
+
+    before = ready(old.get("conditions"))
+    after = ready([c.to_wire() for c in new.conditions])
+    if before.get("reason") == after.get("reason") and before.get("status") == after.get("status"):
+        return []
+    if after.get("reason") in FAILED_REASONS:
+        return [Event(after["reason"], after.get("message", ""), "Warning")]
+    if after.get("status") == "True":
+        return [Event(after.get("reason", "Loaded"), after.get("message", ""))]
     return []

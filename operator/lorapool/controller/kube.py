@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client
@@ -139,8 +140,10 @@ class Kube:
         WRITES.labels(kind, "status").inc()
 
     def event(self, involved: Mapping[str, Any], *, reason: str, message: str, type_: str = "Normal") -> None:
-        """Record a core/v1 Event on ``involved`` (a pool or adapter)."""
+        """Record a core/v1 Event on ``involved`` (a pool or adapter), stamped so `kubectl describe`
+        and `kubectl get events` show its age."""
         meta = involved["metadata"]
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {
             "apiVersion": "v1",
             "kind": "Event",
@@ -157,6 +160,8 @@ class Kube:
             "type": type_,
             "source": {"component": FIELD_MANAGER},
             "reportingComponent": FIELD_MANAGER,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
             "count": 1,
         }
         self._call("POST", f"/api/v1/namespaces/{meta['namespace']}/events", body=body)

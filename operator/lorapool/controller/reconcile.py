@@ -20,11 +20,12 @@ from typing import Any
 from prometheus_client import Counter, Histogram
 
 from lorapool.api.models import LoRAPool
-from lorapool.api.status import LoRAPoolStatus
+from lorapool.api.status import AdapterPhase, LoRAPoolStatus
 from lorapool.controller import decide
 from lorapool.controller.decide import Decision, Event, Fetched
 from lorapool.controller.kube import Kube
 from lorapool.controller.status import (
+    NOWHERE,
     AdapterResult,
     Observed,
     adapter_object_status,
@@ -135,7 +136,7 @@ class PoolReconciler:
         observed = await self._observe(pool, body, decision)
         # 6. report
         await self._write_pool_status(body, pool_status(observed))
-        await self._write_adapter_statuses(pool, adapter_bodies, decision.adapters)
+        await self._write_adapter_statuses(pool, adapter_bodies, observed)
 
     async def _read_adapter_metadata(self, pool: LoRAPool, adapters: Sequence[PoolAdapter]) -> list[AdapterResult]:
         """Each adapter's verdict from its adapter_config.json, read with bounded concurrency and a timeout."""
@@ -185,20 +186,23 @@ class PoolReconciler:
             await self._io(self.kube.event, involved, reason=event.reason, message=event.message, type_=event.type)
 
     async def _write_adapter_statuses(
-        self, pool: LoRAPool, bodies: Sequence[Mapping[str, Any]], results: Sequence[AdapterResult]
+        self, pool: LoRAPool, bodies: Sequence[Mapping[str, Any]], observed: Observed
     ) -> None:
-        by_name = {r.name: r for r in results if r.origin == "LoRAAdapter"}
+        by_name = {r.name: r for r in observed.adapters if r.origin == "LoRAAdapter"}
         for raw in bodies:
             meta = raw["metadata"]
             r = by_name.get(meta["name"])
             if r is None or not decide.points_at(raw, pool.metadata.name):
                 continue
             current = raw.get("status") or {}
-            status = adapter_object_status(pool.metadata.name, meta.get("generation"), r)
+            presence = observed.of(r.name) if r.phase != AdapterPhase.CONFLICT else NOWHERE
+            status = adapter_object_status(
+                pool.metadata.name, meta.get("generation"), r, presence, routable=observed.router_ready
+            )
             status = status.model_copy(
                 update={"conditions": merge_conditions(current.get("conditions") or [], status.conditions, _now())}
             )
             patch = status.to_patch()
             if status_changed(current, patch):
                 await self._io(self.kube.patch_status, "LoRAAdapter", meta["namespace"], meta["name"], patch)
-                await self._post(raw, decide.adapter_events(current.get("phase"), r))
+                await self._post(raw, decide.adapter_events(current, status))

@@ -6,12 +6,16 @@ converging), Degraded (something needs a human), plus abnormal-true Reconciling 
 Stalled. Each carries a CamelCase reason and a message that says what to do.
 ``merge_conditions`` keeps lastTransitionTime stable while a condition's status does not
 change, so an unchanged pool produces an identical status and the operator writes nothing.
+
+Adapters are judged twice: the operator's verdict (``AdapterResult``: source read, rank,
+base model; Accepted) and what the engines hold (``Presence``: the sidecars' reports on
+Ready engine pods; Ready and ``loadedReplicas``). docs/status.md has the words.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from lorapool.api.status import (
@@ -27,6 +31,8 @@ from lorapool.api.status import (
 )
 
 READY, PROGRESSING, DEGRADED = ConditionType.READY, ConditionType.PROGRESSING, ConditionType.DEGRADED
+ACCEPTED = ConditionType.ACCEPTED
+POOL_CONDITIONS = (READY, PROGRESSING, DEGRADED, ConditionType.RECONCILING, ConditionType.STALLED)
 
 # Ready reasons that mean "on its way", not "broken": their Events are Normal, not Warning.
 CONVERGING_REASONS = frozenset({"RollingOut", "WaitingForReplicas", "WaitingForRouter"})
@@ -34,7 +40,12 @@ CONVERGING_REASONS = frozenset({"RollingOut", "WaitingForReplicas", "WaitingForR
 
 @dataclass(frozen=True)
 class AdapterResult:
-    """What the operator learned about one adapter this reconcile."""
+    """The operator's verdict on one adapter this reconcile (before any engine has a say).
+
+    ``phase`` is LOADING when the adapter is accepted (valid, part of the desired set),
+    PENDING when its rank is unknown, FAILED or CONFLICT when refused; ``served_phase``
+    turns it into the phase status shows once the engines' reports are known.
+    """
 
     name: str
     origin: str  # "Inline" or "LoRAAdapter"
@@ -48,6 +59,45 @@ class AdapterResult:
         return self.phase in (AdapterPhase.FAILED, AdapterPhase.CONFLICT) or (
             self.phase == AdapterPhase.PENDING and bool(self.message)
         )
+
+
+@dataclass(frozen=True)
+class Presence:
+    """One adapter across the engine replicas, from their sidecars' reports."""
+
+    loaded: int = 0  # Ready, non-terminating replicas holding it at the desired identity
+    loading: int = 0  # replicas downloading, verifying or loading it
+    failures: tuple[str, ...] = ()  # "<pod>: <the engine's or source's reason>", one per failing replica
+
+    @property
+    def failed(self) -> bool:
+        """Every replica that tried gave up: none holds it, none is still at it, some failed."""
+        return bool(self.failures) and not self.loaded and not self.loading
+
+    def failure_message(self) -> str:
+        first = self.failures[0].split(": ", 1)[-1] if self.failures else ""
+        return f"failed to load on {len(self.failures)} replica(s): {first}"
+
+
+NOWHERE = Presence()
+
+
+def served_phase(r: AdapterResult, p: Presence) -> AdapterPhase:
+    """The phase status shows: the verdict, promoted to Ready by a replica that holds it, or Failed by the engines."""
+    if r.phase in (AdapterPhase.FAILED, AdapterPhase.CONFLICT):
+        return r.phase
+    if p.loaded:
+        return AdapterPhase.READY
+    if p.failed:
+        return AdapterPhase.FAILED
+    return r.phase
+
+
+def served_message(r: AdapterResult, p: Presence) -> str:
+    """The verdict's message, else the engines' reason when a replica failed to load it."""
+    if r.message:
+        return r.message
+    return p.failure_message() if p.failures else ""
 
 
 @dataclass(frozen=True)
@@ -65,6 +115,10 @@ class Observed:
     unschedulable: str | None  # scheduler message of a Pending engine pod
     endpoint: str
     selector: str
+    presence: Mapping[str, Presence] = field(default_factory=dict)  # adapter name -> what the engines hold
+
+    def of(self, name: str) -> Presence:
+        return self.presence.get(name, NOWHERE)
 
 
 @dataclass(frozen=True)
@@ -85,15 +139,24 @@ def pool_status(o: Observed) -> LoRAPoolStatus:
         observed_generation=o.generation,
         conditions=[*conditions, *_kstatus_conditions(o, conditions[1])],
         plan=o.plan,
-        adapters=[
-            AdapterStatus(name=a.name, source_kind=a.origin, rank=a.rank, phase=a.phase, message=a.message or None)
-            for a in o.adapters
-        ],
+        adapters=[_adapter_status(a, o.of(a.name)) for a in o.adapters],
         adapter_count=len(o.adapters),
         replicas=counts.existing,
         ready_replicas=counts.ready,
         endpoint=o.endpoint,
         selector=o.selector,
+    )
+
+
+def _adapter_status(a: AdapterResult, p: Presence) -> AdapterStatus:
+    served = a.phase not in (AdapterPhase.FAILED, AdapterPhase.CONFLICT)
+    return AdapterStatus(
+        name=a.name,
+        source_kind=a.origin,
+        rank=a.rank,
+        phase=served_phase(a, p),
+        loaded_replicas=p.loaded if served else None,
+        message=served_message(a, p) or None,
     )
 
 
@@ -135,6 +198,11 @@ def _progressing(o: Observed, n: _Replicas, rolled: bool) -> Condition:
 
 def _degraded(o: Observed) -> Condition:
     problems = [f"adapter {a.name}: {a.message}" for a in o.adapters if a.problem]
+    problems += [
+        f"adapter {a.name}: {o.of(a.name).failure_message()}"
+        for a in o.adapters
+        if not a.problem and o.of(a.name).failures
+    ]
     if o.unschedulable:
         problems.insert(0, o.unschedulable)
     if not problems:
@@ -145,8 +213,9 @@ def _degraded(o: Observed) -> Condition:
 
 def _ready_note(o: Observed, n: _Replicas) -> str:
     """The Ready message of a serving pool; the plan's warnings ride along so `kubectl get` users see them."""
-    servable = len([a for a in o.adapters if not a.problem])
-    note = f"{n.ready}/{o.desired_replicas} replicas ready, {servable} adapter(s) servable"
+    servable = [a for a in o.adapters if not a.problem]
+    loaded = len([a for a in servable if o.of(a.name).loaded])
+    note = f"{n.ready}/{o.desired_replicas} replicas ready, {loaded}/{len(servable)} adapter(s) loaded"
     if pending := [a for a in o.adapters if a.phase == AdapterPhase.PENDING]:
         note += f"; rank unknown for {len(pending)}"
     for warning in (o.plan.warnings if o.plan else None) or ():
@@ -181,37 +250,66 @@ def invalid_spec_status(problems: Sequence[str], generation: int | None) -> LoRA
     failing = {ConditionType.DEGRADED, ConditionType.STALLED}
     return LoRAPoolStatus(
         observed_generation=generation,
-        conditions=[condition(t, t in failing, "InvalidSpec", message, generation) for t in ConditionType],
+        conditions=[condition(t, t in failing, "InvalidSpec", message, generation) for t in POOL_CONDITIONS],
     )
 
 
 _ADAPTER_REASONS = {
-    AdapterPhase.READY: "Servable",
+    AdapterPhase.LOADING: "Accepted",
+    AdapterPhase.READY: "Accepted",
     AdapterPhase.PENDING: "SourceUnreadable",
     AdapterPhase.CONFLICT: "NameConflict",
     AdapterPhase.FAILED: "Invalid",
 }
+# Ready=False reasons that mean "broken, a human must act": their Events are Warnings.
+FAILED_REASONS = frozenset({"Invalid", "NameConflict", "LoadFailed"})
 
 
 def adapter_reason(phase: AdapterPhase) -> str:
-    """The CamelCase reason of a LoRAAdapter's conditions (and of its Warning Event)."""
+    """The CamelCase reason of a verdict (a LoRAAdapter's Accepted condition)."""
     return _ADAPTER_REASONS[phase]
 
 
-def adapter_object_status(pool: str, generation: int | None, r: AdapterResult) -> LoRAAdapterStatus:
-    """The status of one LoRAAdapter object attached to ``pool``."""
-    ok = r.phase == AdapterPhase.READY
-    reason = adapter_reason(r.phase)
-    degraded = not (ok or (r.phase == AdapterPhase.PENDING and not r.message))
+def adapter_object_status(
+    pool: str, generation: int | None, r: AdapterResult, p: Presence = NOWHERE, *, routable: bool = True
+) -> LoRAAdapterStatus:
+    """The status of one LoRAAdapter attached to ``pool``: Accepted (the verdict), Ready (an engine
+    holds it and the router serves: a request for it succeeds), Degraded (a human must act)."""
+    accepted = r.phase in (AdapterPhase.LOADING, AdapterPhase.READY)
+    verdict = adapter_reason(r.phase)
+    phase = served_phase(r, p)
+    if not accepted and r.phase != AdapterPhase.PENDING:
+        ready = condition(READY, False, verdict, r.message, generation)
+    elif phase == AdapterPhase.READY and routable:
+        ready = condition(READY, True, "Loaded", f"loaded on {p.loaded} ready replica(s) of pool {pool}", generation)
+    elif phase == AdapterPhase.READY:
+        ready = condition(READY, False, "WaitingForRouter", f"pool {pool}'s router has no ready pod yet", generation)
+    elif p.failed:
+        ready = condition(READY, False, "LoadFailed", p.failure_message(), generation)
+    elif r.phase == AdapterPhase.PENDING:
+        ready = condition(READY, False, verdict, r.message or "waiting for its adapter_config.json", generation)
+    else:
+        waiting = f"{p.loading} replica(s) loading it" if p.loading else "no ready replica reports it loaded yet"
+        ready = condition(READY, False, "Loading", f"pool {pool}: {waiting}", generation)
+    degraded_why = r.message if r.phase in (AdapterPhase.FAILED, AdapterPhase.CONFLICT) else ""
+    degraded_reason = verdict
+    if not degraded_why and r.phase == AdapterPhase.PENDING and r.message:
+        degraded_why = r.message
+    if not degraded_why and p.failures:
+        degraded_why, degraded_reason = p.failure_message(), "LoadFailed"
     return LoRAAdapterStatus(
         observed_generation=generation,
         pool=pool,
         rank=r.rank,
-        phase=r.phase,
-        message=r.message,
+        phase=phase,
+        loaded_replicas=p.loaded if accepted or r.phase == AdapterPhase.PENDING else None,
+        message=served_message(r, p),
         conditions=[
-            condition(READY, ok, reason, r.message or f"served by pool {pool}", generation),
-            condition(DEGRADED, degraded, reason, r.message, generation),
+            condition(ACCEPTED, accepted, verdict, r.message or "source read; rank and base model valid", generation),
+            ready,
+            condition(
+                DEGRADED, bool(degraded_why), degraded_reason if degraded_why else "Healthy", degraded_why, generation
+            ),
         ],
     )
 
