@@ -1,9 +1,14 @@
-"""What the router itself costs: added latency at 500 req/s, and first-chunk relay delay.
+"""What a router itself costs: added latency over a capacity curve, and first-chunk relay delay.
 
-Overhead: one replica with ``--time-scale 0`` (no simulated delay), short non-streamed
-requests at 100 and 500 req/s open loop, sent directly and through each router; the router's cost is
-the difference of the latency percentiles. Relay: streamed requests on a real-time replica;
-the first chunk's arrival (TTFT) directly vs through the router.
+Overhead: one replica with ``--time-scale 0`` (no simulated delay), short non-streamed requests
+open loop at rising rates, sent directly and through each router; a router's cost is its latency
+percentile minus direct's in the same repeat. Each repeat starts every system fresh and runs
+the rates from low to high on it; systems are interleaved within a repeat, so a noisy minute
+of the shared machine hits all of them. Capacity: the highest rate whose median added p99 stays
+within 5 ms. The load generator is one Python process too: where it falls behind its own
+schedule (direct, > 1 % of sends late) the curve measures it, not the routers, and the report
+says so. Relay: streamed requests on a real-time replica; the first chunk's arrival (TTFT)
+directly vs through lorapool and nginx.
 """
 
 from __future__ import annotations
@@ -19,92 +24,116 @@ from bench.scenarios import LORAPOOL_AFFINITY, lorapool_system
 from bench.systems import FleetSpec, System, sim_fleet
 from lorapool.api.common import RouterPolicy
 
-RATES_RPS = (100.0, 500.0)
-DURATION_S = 6.0
+RATES_RPS = (100.0, 250.0, 500.0, 750.0, 1000.0, 1500.0)
+DURATION_S = 5.0
 WARMUP_S = 1.0
-REPEATS = 3  # interleaved, medians reported: the machine is shared and noisy
+REPEATS = 3
+LATE_LIMIT_PCT = 1.0
+RELAY_RATE_RPS = 30.0
 SYSTEMS = (
     System("direct", "direct"),
     lorapool_system(RouterPolicy.AFFINITY),
     System("nginx round-robin", "nginx"),
     System("vllm-router round_robin", "vllm-router", "round_robin"),
 )
+RELAY_SYSTEMS = SYSTEMS[:3]
 
 
-def _latencies(
-    system: System, fleet: FleetSpec, work: Workload, adapter_root: Path, *, stream: bool
-) -> tuple[list[float], int]:
-    with sim_fleet(fleet, adapter_root) as sims, system.start(sims) as url:
-        result = asyncio.run(run_open_loop(url, schedule(work), stream=stream, drain_timeout_s=30))
-    kept = [o for o in result.outcomes if o.sent_s >= WARMUP_S]
-    ok = [o.ttft_s for o in kept if o.status == 200 and not o.error and o.ttft_s is not None]
-    return sorted(ok), len(kept) - len(ok)
-
-
-def _stats(values: list[float], errors: int) -> dict[str, Any]:
-    ms = [v * 1000.0 for v in values]
+def _stats(outcomes: list[Any], late: int) -> dict[str, Any]:
+    kept = [o for o in outcomes if o.sent_s >= WARMUP_S]
+    ok = sorted(o.ttft_s * 1000.0 for o in kept if o.status == 200 and not o.error and o.ttft_s is not None)
     return {
-        "n": len(ms),
-        "errors": errors,
-        "p50_ms": percentile(ms, 50),
-        "p99_ms": percentile(ms, 99),
-        "cdf_ms": [percentile(ms, q) for q in range(1, 100)] if ms else [],
+        "n": len(ok),
+        "errors": len(kept) - len(ok),
+        "late_pct": 100.0 * late / max(1, len(outcomes)),
+        "p50_ms": percentile(ok, 50),
+        "p99_ms": percentile(ok, 99),
+        "cdf_ms": [percentile(ok, q) for q in range(1, 100)] if ok else [],
     }
 
 
-def _median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "n": sum(r["n"] for r in runs),
-        "errors": sum(r["errors"] for r in runs),
-        "p50_ms": statistics.median(r["p50_ms"] for r in runs),
-        "p99_ms": statistics.median(r["p99_ms"] for r in runs),
-        "p50_ms_runs": [r["p50_ms"] for r in runs],
-        "p99_ms_runs": [r["p99_ms"] for r in runs],
-    }
-    middle = sorted(runs, key=lambda r: r["p99_ms"])[len(runs) // 2]
-    out["cdf_ms"] = middle["cdf_ms"]
+def _curve(system: System, fleet: FleetSpec, adapter_root: Path) -> dict[str, dict[str, Any]]:
+    """Every rate, low to high, on one fresh replica and one fresh router."""
+    out = {}
+    with sim_fleet(fleet, adapter_root) as sims, system.start(sims) as url:
+        for rate in RATES_RPS:
+            work = Workload(
+                rate_rps=rate,
+                duration_s=DURATION_S,
+                adapters=4,
+                prompt_tokens=(8, 16),
+                output_tokens=(1, 1),
+                seed=11,
+            )
+            result = asyncio.run(run_open_loop(url, schedule(work), stream=False, drain_timeout_s=30))
+            out[f"{rate:g}"] = _stats(result.outcomes, result.late_starts)
     return out
 
 
-def run_overhead(adapter_root: Path) -> dict[str, Any]:
-    """Measure both experiments; every run gets a fresh replica."""
-    fast = FleetSpec(replicas=1, adapters=4, max_loras=4, max_cpu_loras=4, time_scale=0)
-    overhead: dict[str, Any] = {"duration_s": DURATION_S, "repeats": REPEATS, "rates": {}}
-    for rate in RATES_RPS:
-        work = Workload(
-            rate_rps=rate,
-            duration_s=DURATION_S,
-            adapters=4,
-            prompt_tokens=(8, 16),
-            output_tokens=(1, 1),
-            seed=11,
-        )
-        runs: dict[str, list[dict[str, Any]]] = {s.name: [] for s in SYSTEMS}
-        for _ in range(REPEATS):
-            for system in SYSTEMS:
-                values, errors = _latencies(system, fast, work, adapter_root, stream=False)
-                runs[system.name].append(_stats(values, errors))
-        systems = {name: _median_of(r) for name, r in runs.items()}
-        direct = systems["direct"]
-        for stats in systems.values():
-            stats["added_p50_ms"] = stats["p50_ms"] - direct["p50_ms"]
-            stats["added_p99_ms"] = stats["p99_ms"] - direct["p99_ms"]
-        overhead["rates"][f"{rate:g}"] = systems
+def _relay(system: System, adapter_root: Path) -> dict[str, Any]:
     realtime = FleetSpec(replicas=1, adapters=4, max_loras=4, max_cpu_loras=4, time_scale=1)
     streamed = Workload(
-        rate_rps=20.0,
-        duration_s=10.0,
+        rate_rps=RELAY_RATE_RPS,
+        duration_s=8.0,
         adapters=4,
         prompt_tokens=(32, 64),
         output_tokens=(16, 32),
         seed=12,
     )
-    relay: dict[str, Any] = {}
-    for system in SYSTEMS[:2]:
-        values, errors = _latencies(system, realtime, streamed, adapter_root, stream=True)
-        relay[system.name] = _stats(values, errors)
-    relay["added_p50_ms"] = relay[LORAPOOL_AFFINITY]["p50_ms"] - relay["direct"]["p50_ms"]
-    relay["added_p99_ms"] = relay[LORAPOOL_AFFINITY]["p99_ms"] - relay["direct"]["p99_ms"]
-    overhead["relay"] = relay
-    overhead["loadavg_1m"] = os.getloadavg()[0]
-    return overhead
+    with sim_fleet(realtime, adapter_root) as sims, system.start(sims) as url:
+        result = asyncio.run(run_open_loop(url, schedule(streamed), stream=True, drain_timeout_s=30))
+    return _stats(result.outcomes, result.late_starts)
+
+
+def _summary(runs: list[dict[str, Any]], direct: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over repeats; added = this run's percentile minus direct's in the same repeat."""
+    added50 = [r["p50_ms"] - d["p50_ms"] for r, d in zip(runs, direct, strict=True)]
+    added99 = [r["p99_ms"] - d["p99_ms"] for r, d in zip(runs, direct, strict=True)]
+    middle = sorted(runs, key=lambda r: r["p99_ms"])[len(runs) // 2]
+    return {
+        "n": sum(r["n"] for r in runs),
+        "errors": sum(r["errors"] for r in runs),
+        "late_pct": statistics.median(r["late_pct"] for r in runs),
+        "p50_ms": statistics.median(r["p50_ms"] for r in runs),
+        "p99_ms": statistics.median(r["p99_ms"] for r in runs),
+        "p50_ms_runs": [r["p50_ms"] for r in runs],
+        "p99_ms_runs": [r["p99_ms"] for r in runs],
+        "added_p50_ms": statistics.median(added50),
+        "added_p99_ms": statistics.median(added99),
+        "added_p50_ms_runs": added50,
+        "added_p99_ms_runs": added99,
+        "cdf_ms": middle["cdf_ms"],
+    }
+
+
+def run_overhead(adapter_root: Path) -> dict[str, Any]:
+    """The capacity curve (every system, every rate, REPEATS times) and the relay delay."""
+    fast = FleetSpec(replicas=1, adapters=4, max_loras=4, max_cpu_loras=4, time_scale=0)
+    curves: dict[str, list[dict[str, dict[str, Any]]]] = {s.name: [] for s in SYSTEMS}
+    relays: dict[str, list[dict[str, Any]]] = {s.name: [] for s in RELAY_SYSTEMS}
+    for _ in range(REPEATS):
+        for system in SYSTEMS:
+            curves[system.name].append(_curve(system, fast, adapter_root))
+        for system in RELAY_SYSTEMS:
+            relays[system.name].append(_relay(system, adapter_root))
+    rates: dict[str, dict[str, Any]] = {}
+    for rate in (f"{r:g}" for r in RATES_RPS):
+        direct = [c[rate] for c in curves["direct"]]
+        rates[rate] = {name: _summary([c[rate] for c in runs], direct) for name, runs in curves.items()}
+    behind = [float(r) for r, s in rates.items() if s["direct"]["late_pct"] > LATE_LIMIT_PCT]
+    relay: dict[str, Any] = {name: _summary(runs, relays["direct"]) for name, runs in relays.items()}
+    lorapool = relay[LORAPOOL_AFFINITY]
+    relay.update(
+        rate_rps=RELAY_RATE_RPS,
+        added_p50_ms=lorapool["added_p50_ms"],
+        added_p99_ms=lorapool["added_p99_ms"],
+        added_p99_ms_runs=lorapool["added_p99_ms_runs"],
+    )
+    return {
+        "duration_s": DURATION_S,
+        "repeats": REPEATS,
+        "rates": rates,
+        "loadgen_limit_rps": min(behind) if behind else None,
+        "relay": relay,
+        "loadavg_1m": os.getloadavg()[0],
+    }

@@ -15,7 +15,7 @@ from typing import Any
 
 from bench.scenarios import LORAPOOL_AFFINITY as AFFINITY
 from bench.scenarios import LORAPOOL_ROUND_ROBIN, ORACLE
-from bench.targets import CAPACITY_ADDED_P99_MS, TARGETS, capacity, runs_by_scenario
+from bench.targets import CAPACITY_ADDED_P99_MS, TARGETS, across, capacity, runs_by_scenario
 
 METHOD = Path(__file__).with_name("METHOD.md")
 PLOTS = ("goodput.png", "ttft_p99.png", "overhead.png")
@@ -55,7 +55,8 @@ def headline(data: dict[str, Any]) -> list[dict[str, Any]]:
         rr, oracle = runs.get(LORAPOOL_ROUND_ROBIN), runs.get(ORACLE)
         others = {k: v for k, v in runs.items() if k not in (AFFINITY, ORACLE)}
         best_name = max(others, key=lambda k: others[k]["goodput_rps"], default=None)
-        row: dict[str, Any] = {"scenario": name, "best_other": best_name}
+        best_label = best_name and best_name + across(aff, others[best_name])
+        row: dict[str, Any] = {"scenario": name, "best_other": best_label}
         if rr:
             row["goodput_vs_rr"] = _ratio(aff["goodput_rps"], rr["goodput_rps"])
             row["p99_rr_over_aff"] = _ratio(rr["ttft_p99_s"], aff["ttft_p99_s"])
@@ -201,12 +202,18 @@ def _overhead(data: dict[str, Any]) -> list[str]:
     if relay:
         runs = relay.get("added_p99_ms_runs")
         spread = f"; added p99 per repeat {', '.join(_f(v, 1) for v in runs)} ms" if runs else ""
+        others = [
+            f"{name} +{_f(s['added_p50_ms'], 1)} / +{_f(s['added_p99_ms'], 1)} ms"
+            for name, s in relay.items()
+            if isinstance(s, dict) and name not in ("direct", AFFINITY) and "added_p99_ms" in s
+        ]
         lines += [
             f"First streamed chunk (TTFT) on a real-time replica, {_f(relay.get('rate_rps', 20.0), 0)} req/s, direct"
             f" vs through lorapool: p50 {_f(relay['direct']['p50_ms'], 1)} vs"
             f" {_f(relay[AFFINITY]['p50_ms'], 1)} ms (+{_f(relay['added_p50_ms'], 1)}),"
             f" p99 {_f(relay['direct']['p99_ms'], 1)} vs {_f(relay[AFFINITY]['p99_ms'], 1)} ms"
-            f" (+{_f(relay['added_p99_ms'], 1)}){spread}.",
+            f" (+{_f(relay['added_p99_ms'], 1)}){spread}."
+            + (f" Same run, added p50 / p99: {'; '.join(others)}." if others else ""),
             "",
         ]
     return lines

@@ -63,6 +63,12 @@ def runs_by_scenario(data: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]
     return out
 
 
+def across(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """A label suffix when two cells come from different runs (their dates), else ""."""
+    da, db = a.get("date"), b.get("date")
+    return f" [cells of {da} and {db}]" if da != db else ""
+
+
 def _ratio(a: float, b: float) -> float:
     return a / b if b > 0 else math.inf if a > 0 else math.nan
 
@@ -76,7 +82,7 @@ def _vs_rr(key: str, regime: str, invert: bool) -> Callable[[dict[str, Any]], li
             if regimes.get(name) != regime or not aff or not rr:
                 continue
             value = _ratio(rr[key], aff[key]) if invert else _ratio(aff[key], rr[key])
-            out.append(Cell(name, value))
+            out.append(Cell(name + across(aff, rr), value))
         return out
 
     return cells
@@ -97,7 +103,8 @@ def _vs_best_other(key: str) -> Callable[[dict[str, Any]], list[Cell]]:
                 continue
             pick = max if key == "goodput_rps" else min
             best = pick(others, key=lambda k: others[k][key])
-            out.append(Cell(f"{name} vs {best}", _ratio(runs[AFFINITY][key], others[best][key])))
+            label = f"{name} vs {best}{across(runs[AFFINITY], others[best])}"
+            out.append(Cell(label, _ratio(runs[AFFINITY][key], others[best][key])))
         return out
 
     return cells
@@ -110,8 +117,9 @@ def _regime_c_p99(data: dict[str, Any]) -> list[Cell]:
         rrs = [runs[k] for k in (LORAPOOL_ROUND_ROBIN, NGINX, VLLM_ROUTER) if k in runs]
         if regimes.get(name) != "c" or AFFINITY not in runs or not rrs:
             continue
-        best = min(r["ttft_p99_s"] for r in rrs)
-        out.append(Cell(f"{name} vs best round-robin", _ratio(runs[AFFINITY]["ttft_p99_s"], best)))
+        best = min(rrs, key=lambda r: r["ttft_p99_s"])
+        label = f"{name} vs {best['system']}{across(runs[AFFINITY], best)}"
+        out.append(Cell(label, _ratio(runs[AFFINITY]["ttft_p99_s"], best["ttft_p99_s"])))
     return out
 
 
@@ -120,7 +128,8 @@ def _oracle_fraction(key: str) -> Callable[[dict[str, Any]], list[Cell]]:
         out = []
         for name, runs in runs_by_scenario(data).items():
             if AFFINITY in runs and ORACLE in runs:
-                out.append(Cell(name, _ratio(runs[AFFINITY][key], runs[ORACLE][key])))
+                label = name + across(runs[AFFINITY], runs[ORACLE])
+                out.append(Cell(label, _ratio(runs[AFFINITY][key], runs[ORACLE][key])))
         return out
 
     return cells
