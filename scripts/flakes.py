@@ -77,7 +77,9 @@ def _clone(out: Path) -> Path:
 
 
 def _head(tree: Path) -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True
+    ).stdout.strip()
 
 
 def _burner() -> subprocess.Popen[bytes]:
@@ -98,7 +100,9 @@ def _read(report: Path, run: int, failures: dict[str, list[tuple[int, str]]]) ->
             continue
         failed += 1
         name = f"{case.get('classname', '')}::{case.get('name', '')}"
-        failures[name].append((run, (problem.get("message") or "").splitlines()[0][:200] if problem.get("message") else ""))
+        failures[name].append(
+            (run, (problem.get("message") or "").splitlines()[0][:200] if problem.get("message") else "")
+        )
     return tests, failed
 
 

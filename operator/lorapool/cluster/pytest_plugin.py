@@ -38,4 +38,3 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
     state_dir = tmp_path_factory.mktemp("lorapool-cluster")
     with LocalCluster(state_dir, timeout_s=CLUSTER_START_S) as cluster:
         yield cluster
-

@@ -68,8 +68,11 @@ def _check_threads(item: pytest.Item) -> None:
         wait_until("threads the test started to end", lambda: not _alive(started), THREAD_GRACE_S)
     except WaitTimeout:
         names = ", ".join(sorted(t.name for t in _alive(started)))
-        pytest.fail(f"{item.nodeid} left threads running {THREAD_GRACE_S:g} s after its teardown: {names}; "
-                    "join the threads a test starts (a ThreadPoolExecutor `with` block does)", pytrace=False)
+        pytest.fail(
+            f"{item.nodeid} left threads running {THREAD_GRACE_S:g} s after its teardown: {names}; "
+            "join the threads a test starts (a ThreadPoolExecutor `with` block does)",
+            pytrace=False,
+        )
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
