@@ -171,10 +171,11 @@ def test_loraadapter_joins_without_rolling_pods_and_rank_change_rolls(
         return "legal" in [a["name"] for a in json.loads(cm["data"]["adapters.json"]).get("adapters", [])]
 
     wait_until("adapter in ConfigMap", in_configmap, 30)
+    # Accepted, not Ready: no sidecar runs in this test to load it (test_truth.py covers Ready).
     la = wait_until(
-        "LoRAAdapter Ready",
+        "LoRAAdapter Accepted",
         lambda: (
-            condition(get(local_cluster, "la", ns, "legal"), "Ready").get("status") == "True"
+            condition(get(local_cluster, "la", ns, "legal"), "Accepted").get("status") == "True"
             and get(local_cluster, "la", ns, "legal")
         ),
         30,
@@ -318,7 +319,8 @@ def test_unreadable_or_mismatched_adapters_are_conditions_not_crashes(
 
     pool = wait_until("Degraded condition", degraded, 60)
     phases = {a["name"]: a["phase"] for a in pool["status"]["adapters"]}
-    assert phases == {"good": "Ready", "missing": "Pending", "dora": "Failed", "other-base": "Failed"}
+    # "good" is accepted but no sidecar runs here to load it: Loading, never Ready (test_truth.py loads it).
+    assert phases == {"good": "Loading", "missing": "Pending", "dora": "Failed", "other-base": "Failed"}
     message = condition(pool, "Degraded")["message"]
     assert "DoRA" in message and "Mistral-7B" in message and "cannot read adapter_config.json" in message
     cm = get(local_cluster, "configmap", ns, "mixed-adapters")

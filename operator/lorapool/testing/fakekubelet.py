@@ -1,0 +1,161 @@
+"""Run a pool's engine pods as local processes: what a kubelet would run on the fake GPU nodes.
+
+KWOK's nodes run no containers, but the engine pods are real API objects. For each engine pod
+of the pool (not terminating) this starts a `lorapool sim` with the pool's flags and an
+adapter-sync sidecar that reads the pool's ConfigMap projected as the kubelet would
+(``projection.ConfigMapVolume``) and reports on that very Pod with the engine ServiceAccount's
+token, as in a cluster; a pod that goes away takes its processes with it. Used by
+``lorapool dev`` and by the operator tests that need sidecars reporting.
+
+    with LocalEngines(api, ns, "llama3-8b", state, sim_flags={...}, report_kubeconfig=sa).start() as engines:
+        wait_until("2 replicas", lambda: len(engines.replicas) == 2, 30)
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+from lorapool.testing.components import Component, start_sidecar, start_sim
+from lorapool.testing.projection import ConfigMapVolume
+
+log = logging.getLogger("lorapool.testing")
+
+FAST_SIDECAR = (
+    "--config-poll-seconds", "0.3", "--health-poll-seconds", "0.5", "--resync-seconds", "2",
+    "--report-interval-seconds", "1",
+)  # fmt: skip
+
+
+@dataclass
+class Replica:
+    """One engine pod's local processes."""
+
+    pod: str
+    sim: Component
+    sidecar: Component
+
+    def close(self) -> None:
+        self.sidecar.close()
+        self.sim.close()
+
+
+class LocalEngines:
+    """Keeps one sim + reporting sidecar per live engine pod of ``pool``, from a background thread."""
+
+    def __init__(
+        self,
+        api_client: Any,
+        namespace: str,
+        pool: str,
+        state_dir: Path,
+        *,
+        sim_flags: Mapping[str, Any],
+        report_kubeconfig: Path,
+        sidecar_extra: Sequence[str] = FAST_SIDECAR,
+        period_s: float = 1.0,
+    ) -> None:
+        from lorapool.render import names
+
+        self.api_client = api_client
+        self.namespace, self.pool = namespace, pool
+        self.state_dir = state_dir
+        self.sim_flags = dict(sim_flags)
+        self.report_kubeconfig = report_kubeconfig
+        self.sidecar_extra = tuple(sidecar_extra)
+        self.period_s = period_s
+        self.selector = names.selector_string(pool, "engine")
+        self.volume = ConfigMapVolume(
+            api_client, namespace, names.adapters_configmap(pool), state_dir / "configmap", period_s=min(period_s, 1.0)
+        )
+        self.replicas: dict[str, Replica] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def backends(self) -> list[str]:
+        with self._lock:
+            return [r.sim.url for r in self.replicas.values()]
+
+    def live_pods(self) -> list[str]:
+        from kubernetes import client
+
+        pods = client.CoreV1Api(self.api_client).list_namespaced_pod(self.namespace, label_selector=self.selector)
+        return sorted(p.metadata.name for p in pods.items if p.metadata.deletion_timestamp is None)
+
+    def sync_once(self) -> None:
+        live = set(self.live_pods())
+        with self._lock:
+            gone = [self.replicas.pop(n) for n in list(self.replicas) if n not in live]
+        for replica in gone:
+            log.info("Stopped local engine of deleted Pod %s", replica.pod)
+            replica.close()
+        for pod in sorted(live - set(self.replicas)):
+            if self._stop.is_set():
+                return
+            replica = self._start(pod)
+            with self._lock:
+                self.replicas[pod] = replica
+
+    def _start(self, pod: str) -> Replica:
+        sim = start_sim(**self.sim_flags, timeout_s=60)
+        try:
+            sidecar = start_sidecar(
+                config=self.volume.path("adapters.json"),
+                engine_url=sim.url,
+                adapter_dir=self.state_dir / "adapters" / pod,
+                extra=[
+                    "--pod", f"{self.namespace}/{pod}", "--report-kubeconfig", str(self.report_kubeconfig),
+                    *self.sidecar_extra,
+                ],
+            )  # fmt: skip
+        except BaseException:
+            sim.close()
+            raise
+        log.info("Started local engine for Pod %s: sim %s", pod, sim.url)
+        return Replica(pod, sim, sidecar)
+
+    def start(self) -> Self:
+        """Project the ConfigMap, start a replica per engine pod now, then follow the pods."""
+        self._stop.clear()
+        self.volume.start()
+        try:
+            self.sync_once()
+        except BaseException:
+            self.stop()
+            raise
+        self._thread = threading.Thread(target=self._follow, name=f"engines {self.pool}", daemon=True)
+        self._thread.start()
+        return self
+
+    def _follow(self) -> None:
+        while not self._stop.wait(self.period_s):
+            try:
+                self.sync_once()
+            except Exception as exc:  # the API may be restarting; the next period retries
+                log.warning("Failed to follow engine pods of %s/%s: %s", self.namespace, self.pool, exc)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+            self._thread = None
+        self.volume.stop()
+        with self._lock:
+            replicas, self.replicas = list(self.replicas.values()), {}
+        for replica in replicas:
+            replica.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

@@ -1,0 +1,109 @@
+"""A ConfigMap projected into a local directory as the kubelet projects a configMap volume.
+
+The fake (KWOK) nodes of the local control plane run no kubelet, so the playground and the
+tests run each engine pod's sidecar as a local process and feed it the pool's ConfigMap
+through this: every key becomes ``<dir>/<key>`` -> ``..data/<key>``, and ``..data`` is swapped
+atomically to a new timestamped directory on every change, exactly the layout the sidecar
+reads in a pod (mounted without subPath). It polls every ``period_s`` (the kubelet takes up to
+its sync period plus the ConfigMap cache TTL; one second keeps the playground snappy).
+
+    with ConfigMapVolume(api, "ml", "llama3-8b-adapters", state / "cm").start() as volume:
+        start_sidecar(config=volume.path("adapters.json"), ...)
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+log = logging.getLogger("lorapool.testing")
+
+
+class ConfigMapVolume:
+    """Keeps ``root`` in line with ConfigMap ``namespace/name`` from a background thread."""
+
+    def __init__(self, api_client: Any, namespace: str, name: str, root: Path, *, period_s: float = 1.0) -> None:
+        self.api_client = api_client
+        self.namespace, self.name = namespace, name
+        self.root = root
+        self.period_s = period_s
+        self.updates = 0
+        self._data: Mapping[str, str] | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        root.mkdir(parents=True, exist_ok=True)
+
+    def path(self, key: str) -> Path:
+        return self.root / key
+
+    def sync_once(self) -> bool:
+        """Read the ConfigMap once; project it if it changed. True when the directory changed."""
+        from kubernetes import client
+        from kubernetes.client.rest import ApiException
+
+        try:
+            cm = client.CoreV1Api(self.api_client).read_namespaced_config_map(self.name, self.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False  # as the kubelet: the last projected content stays
+            raise
+        data = dict(cm.data or {})
+        if data == self._data:
+            return False
+        self._write(data)
+        self._data = data
+        self.updates += 1
+        return True
+
+    def _write(self, data: Mapping[str, str]) -> None:
+        version = self.root / f"..{time.strftime('%Y_%m_%d_%H_%M_%S')}.{time.monotonic_ns()}"
+        version.mkdir()
+        for key, value in data.items():
+            (version / key).write_text(value)
+        tmp = self.root / "..data_tmp"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(version.name)
+        previous = (self.root / "..data").resolve() if (self.root / "..data").is_symlink() else None
+        tmp.replace(self.root / "..data")
+        for key in data:
+            link = self.root / key
+            if not link.is_symlink():
+                link.symlink_to(f"..data/{key}")
+        if previous is not None and previous != version and previous.parent == self.root:
+            for child in previous.iterdir():
+                child.unlink()
+            previous.rmdir()
+
+    def start(self) -> Self:
+        """Project once now (so the file exists before a sidecar starts), then follow changes."""
+        self._stop.clear()
+        self.sync_once()
+        self._thread = threading.Thread(target=self._follow, name=f"configmap {self.name}", daemon=True)
+        self._thread.start()
+        return self
+
+    def _follow(self) -> None:
+        while not self._stop.wait(self.period_s):
+            try:
+                self.sync_once()
+            except Exception as exc:  # the API may be restarting; the next period retries
+                log.warning("Failed to read ConfigMap %s/%s: %s", self.namespace, self.name, exc)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
