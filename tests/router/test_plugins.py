@@ -17,7 +17,7 @@ from lorapool.router import registry
 from lorapool.router.backend import Backend, Request
 from lorapool.router.filters.bounded_load import bounded_load
 from lorapool.router.pickers import HighestScore, RoundRobin
-from lorapool.router.plugin import FilterPlugin, PickerPlugin, PolicyParams, ScorerPlugin
+from lorapool.router.plugin import FilterPlugin, HoldPlugin, PickerPlugin, PolicyParams, ScorerPlugin
 from lorapool.router.scorers import lora_affinity
 from lorapool.router.scorers.rendezvous import rendezvous_weight
 
@@ -134,6 +134,20 @@ SCORER_CASES: dict[str, list[Case]] = {
 }
 
 
+# Hold rules: whether a request that fits nowhere waits (True) or goes best-effort at once.
+HOLD_CASES: dict[str, list[Case]] = {
+    "hold-always": [
+        Case("holds a cold adapter", A, [b("1", active={"x": 1, "y": 1})], {"hold": True}),
+    ],
+    "hold-if-active": [
+        Case("holds an adapter in flight somewhere", A, [b("1", active={"x": 1, "y": 1}), b("2", active={"a": 9, "z": 1})], {"hold": True}),
+        Case("sends a cold adapter at once", A, [b("1", active={"x": 1, "y": 1}), b("2", active={"z": 1, "w": 1})], {"hold": False}),
+        Case("warm or cached is not in flight", A, [b("1", active={"x": 1, "y": 1}, warm={"a"}, cached={"a"})], {"hold": False}),
+        Case("in flight on a down backend only", A, [b("1", up=False, active={"a": 1}), b("2", active={"x": 1, "y": 1})], {"hold": False}),
+    ],
+}  # fmt: skip
+
+
 def plugin_cases(cases: Mapping[str, list[Case]]) -> list[Any]:
     return [pytest.param(name, case, id=f"{name}: {case.id}") for name, table in cases.items() for case in table]
 
@@ -154,9 +168,18 @@ def test_scorer(name: str, case: Case) -> None:
     assert weight == plugin.weight > 0
 
 
-def test_every_filter_and_scorer_has_a_table() -> None:
+@pytest.mark.parametrize(("name", "case"), plugin_cases(HOLD_CASES))
+def test_hold_rule(name: str, case: Case) -> None:
+    plugin = registry.PLUGINS[name]
+    assert isinstance(plugin, HoldPlugin)
+    assert isinstance(case.want, dict)
+    assert plugin.build(case.params)(case.req, case.backends) is case.want["hold"]
+
+
+def test_every_filter_scorer_and_hold_rule_has_a_table() -> None:
     assert set(FILTER_CASES) == {p.name for p in registry.FILTERS}
     assert set(SCORER_CASES) == {p.name for p in registry.SCORERS}
+    assert set(HOLD_CASES) == {p.name for p in registry.HOLDS}
 
 
 def test_bounded_load_names_the_bad_parameter() -> None:

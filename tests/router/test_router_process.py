@@ -203,7 +203,7 @@ def test_client_disconnect_cancels_the_upstream_request(start_sim: StartSim, sta
 
 def test_a_request_waits_for_a_slot_then_binds(start_sim: StartSim, start_router: StartRouter) -> None:
     sim = start_sim(max_loras=1, time_scale=1)
-    router = start_router([sim], extra=["--max-wait", "30"])
+    router = start_router([sim], extra=["--max-wait", "30", "--hold-rule", "hold-always"])
     api = client(router)
     holder = api.completions.create(
         model="sql", prompt="x", max_tokens=60, stream=True, extra_body={"ignore_eos": True}
@@ -221,9 +221,28 @@ def test_a_request_waits_for_a_slot_then_binds(start_sim: StartSim, start_router
     assert time.monotonic() - started < 30  # bound by the holder's end, not by --max-wait
 
 
+def test_an_adapter_running_nowhere_is_sent_at_once(start_sim: StartSim, start_router: StartRouter) -> None:
+    """affinity's hold rule (hold-if-active): "chat" runs on no replica, so waiting in the router
+    groups it with nothing; it goes to the engine at once (a miss), which runs it when the slot frees."""
+    sim = start_sim(max_loras=1, time_scale=1)
+    router = start_router([sim], extra=["--max-wait", "30"])
+    api = client(router)
+    holder = api.completions.create(
+        model="sql", prompt="x", max_tokens=60, stream=True, extra_body={"ignore_eos": True}
+    )
+    assert next(iter(holder)).choices  # "sql" holds the only slot now
+    sent = api.completions.create(model="chat", prompt="y", max_tokens=1)
+    assert sent.model == "chat"
+    for _ in holder:
+        pass
+    page = scrape(router)
+    assert metric(page, "lorapool_router_decisions_total", kind="queued") == 0
+    assert metric(page, "lorapool_router_decisions_total", kind="miss") == 1
+
+
 def test_a_full_queue_answers_429_with_retry_after(start_sim: StartSim, start_router: StartRouter) -> None:
     sim = start_sim(max_loras=1, time_scale=1)
-    router = start_router([sim], extra=["--max-queued", "0"])
+    router = start_router([sim], extra=["--max-queued", "0", "--hold-rule", "hold-always"])
     api = client(router)
     holder = api.completions.create(
         model="sql", prompt="x", max_tokens=500, stream=True, extra_body={"ignore_eos": True}

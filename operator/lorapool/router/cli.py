@@ -63,6 +63,13 @@ def _add_policy_flags(parser: argparse.ArgumentParser, d: RouterSettings) -> Non
         help="affinity: requests a backend may run above the mean before spreading (default %(default)s)",
     )
     parser.add_argument(
+        "--hold-rule",
+        choices=[p.name for p in registry.HOLDS],
+        default=None,
+        help="policies that hold: whether a request that fits no replica's LoRA slots waits for one"
+        " (hold-always) or only while its adapter runs somewhere (hold-if-active); default: the policy's",
+    )
+    parser.add_argument(
         "--max-loras",
         type=int,
         default=d.max_loras,
@@ -143,6 +150,7 @@ def settings_from(args: argparse.Namespace) -> RouterSettings:
         policy=args.policy,
         load_factor=args.load_factor,
         load_slack=args.load_slack,
+        hold_rule=args.hold_rule or "",
         max_loras=args.max_loras,
         max_cpu_loras=args.max_cpu_loras,
         max_wait_s=args.max_wait,

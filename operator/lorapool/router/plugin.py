@@ -1,7 +1,8 @@
 """What a router plugin is: a name, a factory and, for a scorer, its weight. Pure.
 
 As in the Gateway API Inference Extension's endpoint picker, every filter, scorer and picker
-is a small module that declares one ``PLUGIN`` (pickers: one per class in ``pickers``);
+is a small module that declares one ``PLUGIN`` (pickers: one per class in ``pickers``; hold
+rules: one per function in ``hold_rules``);
 ``registry`` collects them by name and composes the named policies of ``--policy`` from them.
 A plugin also lists the ``Backend``/``Request`` fields it reads, so a test can check that
 nothing else changes its answer.
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lorapool.router.policy import Filter, Picker, Scorer
+from lorapool.router.policy import Filter, HoldRule, Picker, Scorer
 
 DEFAULT_LOAD_FACTOR = 1.25
 DEFAULT_LOAD_SLACK = 2.0
@@ -26,6 +27,8 @@ class PolicyParams:
     load_factor: float = DEFAULT_LOAD_FACTOR
     # Requests a backend may run above the mean before a hot adapter spreads (--load-slack).
     load_slack: float = DEFAULT_LOAD_SLACK
+    # A hold rule's name instead of the named policy's own (--hold-rule); "" keeps the policy's.
+    hold_rule: str = ""
 
 
 @dataclass(frozen=True)
@@ -65,4 +68,16 @@ class PickerPlugin:
         return self.factory(params)
 
 
-Plugin = FilterPlugin | ScorerPlugin | PickerPlugin
+@dataclass(frozen=True)
+class HoldPlugin:
+    """A hold rule: whether a request no backend may take now waits for a slot or goes at once."""
+
+    name: str
+    factory: Callable[[PolicyParams], HoldRule]
+    reads: tuple[str, ...]
+
+    def build(self, params: PolicyParams) -> HoldRule:
+        return self.factory(params)
+
+
+Plugin = FilterPlugin | ScorerPlugin | PickerPlugin | HoldPlugin

@@ -16,6 +16,9 @@ from lorapool.router.backend import Backend, Request
 Filter = Callable[[Request, Sequence[Backend]], Sequence[Backend]]
 Scorer = Callable[[Request, Sequence[Backend]], Mapping[str, float]]  # backend id -> [0, 1]
 Picker = Callable[[Mapping[str, float]], str | None]
+# Given a request no backend may take now and every backend's view: True to hold it in its
+# adapter's queue until a slot frees, False to send it best-effort at once.
+HoldRule = Callable[[Request, Sequence[Backend]], bool]
 
 
 @dataclass(frozen=True)
@@ -58,5 +61,11 @@ class Scheduling:
 
     strict: Policy
     fallback: Policy
-    # True when the strict policy may return None for a live pool (the request then waits).
-    holds: bool
+    # When the strict policy returns None for a live pool: whether the request waits (None:
+    # the policy never holds, the request gets 503).
+    hold: HoldRule | None = None
+
+    @property
+    def holds(self) -> bool:
+        """True when the policy may hold requests."""
+        return self.hold is not None

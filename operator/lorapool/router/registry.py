@@ -4,6 +4,7 @@ Plugins (each declared by its own module, see ``plugin``):
   filters   healthy, serves-model, bounded-load, lora-slots
   scorers   lora-affinity, least-load, kv-cache, rendezvous, slot-pressure (weight beside each)
   pickers   highest-score, round-robin
+  holds     hold-always, hold-if-active (whether a request that fits nowhere waits or goes at once)
 
 Named policies (the names are ``api.common.RouterPolicy``: the CRD's ``spec.router.policy`` enum
 and ``--policy`` accept exactly the keys of ``POLICIES``):
@@ -27,8 +28,9 @@ from lorapool.router.filters.bounded_load import PLUGIN as BOUNDED_LOAD
 from lorapool.router.filters.healthy import PLUGIN as HEALTHY
 from lorapool.router.filters.lora_slots import PLUGIN as LORA_SLOTS
 from lorapool.router.filters.serves_model import PLUGIN as SERVES_MODEL
+from lorapool.router.hold_rules import ALWAYS, IF_ACTIVE
 from lorapool.router.pickers import HIGHEST_SCORE, ROUND_ROBIN
-from lorapool.router.plugin import FilterPlugin, PickerPlugin, Plugin, PolicyParams, ScorerPlugin
+from lorapool.router.plugin import FilterPlugin, HoldPlugin, PickerPlugin, Plugin, PolicyParams, ScorerPlugin
 from lorapool.router.policy import Policy, Scheduling
 from lorapool.router.scorers.kv_cache import PLUGIN as KV_CACHE
 from lorapool.router.scorers.least_load import PLUGIN as LEAST_LOAD
@@ -66,14 +68,17 @@ class NamedPolicy:
     name: RouterPolicy
     summary: str
     strict: Profile
-    # The best-effort profile for requests that waited their limit; None: the policy never holds.
+    # The best-effort profile for requests that waited their limit (or may not wait, by the hold
+    # rule); None: the policy never holds.
     fallback: Profile | None = None
+    hold: HoldPlugin = ALWAYS
 
     def build(self, params: PolicyParams) -> Scheduling:
         strict = self.strict.build(str(self.name), params)
         if self.fallback is None:
-            return Scheduling(strict, strict, holds=False)
-        return Scheduling(strict, self.fallback.build(f"{self.name}-best-effort", params), holds=True)
+            return Scheduling(strict, strict)
+        fallback = self.fallback.build(f"{self.name}-best-effort", params)
+        return Scheduling(strict, fallback, hold_plugin(params.hold_rule or self.hold.name).build(params))
 
 
 def _by_name(plugins: Iterable[Plugin]) -> dict[str, Plugin]:
@@ -88,7 +93,8 @@ def _by_name(plugins: Iterable[Plugin]) -> dict[str, Plugin]:
 FILTERS: tuple[FilterPlugin, ...] = (HEALTHY, SERVES_MODEL, BOUNDED_LOAD, LORA_SLOTS)
 SCORERS: tuple[ScorerPlugin, ...] = (LORA_AFFINITY, LEAST_LOAD, KV_CACHE, RENDEZVOUS, SLOT_PRESSURE)
 PICKERS: tuple[PickerPlugin, ...] = (HIGHEST_SCORE, ROUND_ROBIN)
-PLUGINS: Mapping[str, Plugin] = _by_name((*FILTERS, *SCORERS, *PICKERS))
+HOLDS: tuple[HoldPlugin, ...] = (ALWAYS, IF_ACTIVE)
+PLUGINS: Mapping[str, Plugin] = _by_name((*FILTERS, *SCORERS, *PICKERS, *HOLDS))
 
 _AFFINITY_SCORERS = (LORA_AFFINITY, LEAST_LOAD, RENDEZVOUS, KV_CACHE)
 
@@ -110,6 +116,9 @@ POLICIES: Mapping[RouterPolicy, NamedPolicy] = {
                 (*_AFFINITY_SCORERS, SLOT_PRESSURE),
                 HIGHEST_SCORE,
             ),
+            # Hold only for an adapter that runs somewhere: one that runs nowhere gains nothing
+            # from waiting (it needs a slot change wherever it goes) and is sent best-effort at once.
+            hold=IF_ACTIVE,
         ),
         NamedPolicy(
             RouterPolicy.LEAST_LOADED,
@@ -123,6 +132,14 @@ POLICIES: Mapping[RouterPolicy, NamedPolicy] = {
         ),
     )
 }
+
+
+def hold_plugin(name: str) -> HoldPlugin:
+    """The hold rule called ``name``; raises ValueError naming the choices."""
+    for plugin in HOLDS:
+        if plugin.name == name:
+            return plugin
+    raise ValueError(f"--hold-rule={name!r} is not one of {', '.join(p.name for p in HOLDS)}")
 
 
 def names() -> tuple[str, ...]:

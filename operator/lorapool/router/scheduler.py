@@ -126,9 +126,18 @@ class Scheduler:
             chosen = self.scheduling.strict.choose(req, views)
             if chosen is not None:
                 return self._bind(req, chosen, views)
-        if not self.scheduling.holds:
+        if self.scheduling.hold is None:
             raise NoBackend("no backend may take the request")
+        if not self.scheduling.hold(req, views):
+            return self._bind_best_effort(req, views)
         return await self._hold(req, exclude)
+
+    def _bind_best_effort(self, req: Request, views: Sequence[Backend]) -> Lease:
+        """Bind by the fallback policy (over the slot limit); NoBackend when nothing is up."""
+        chosen = self.scheduling.fallback.choose(req, views)
+        if chosen is None:
+            raise NoBackend("no backend is up")
+        return self._bind(req, chosen, views)
 
     async def _hold(self, req: Request, exclude: frozenset[str]) -> Lease:
         now = self.clock()
@@ -149,11 +158,7 @@ class Scheduler:
             lease = waiter.future.result()
         else:
             self.queues.remove(req.model, waiter)
-            views = self._views(exclude)
-            chosen = self.scheduling.fallback.choose(req, views)
-            if chosen is None:
-                raise NoBackend("no backend is up")
-            lease = self._bind(req, chosen, views)
+            lease = self._bind_best_effort(req, self._views(exclude))
         lease.waited_s = self.clock() - now
         self.telemetry.queue_wait.observe(lease.waited_s)
         return lease

@@ -30,6 +30,8 @@ class RouterSettings:
     # hot adapter spreads (filters/bounded_load.py says why). Small: prefill cost grows with
     # every request a replica takes, so large gaps hurt TTFT (bench/ regime d).
     load_slack: float = DEFAULT_LOAD_SLACK
+    # A hold rule (registry.HOLDS) instead of the policy's own; "" keeps the policy's.
+    hold_rule: str = ""
     # GPU slots assumed until a backend reports vllm:lora_requests_info{max_lora} (vLLM's default).
     max_loras: int = 1
     # vLLM --max-cpu-loras of the replicas, if known: lets the policy prefer CPU-cached adapters.
@@ -60,4 +62,4 @@ class RouterSettings:
 
     def policy_params(self) -> PolicyParams:
         """The knobs the policy's plugin factories read."""
-        return PolicyParams(load_factor=self.load_factor, load_slack=self.load_slack)
+        return PolicyParams(load_factor=self.load_factor, load_slack=self.load_slack, hold_rule=self.hold_rule)
