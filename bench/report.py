@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.scenarios import LORAPOOL_AFFINITY as AFFINITY
-from bench.scenarios import LORAPOOL_ROUND_ROBIN, ORACLE
+from bench.scenarios import LORAPOOL_ROUND_ROBIN, NOT_BASELINES, ORACLE
 from bench.targets import CAPACITY_ADDED_P99_MS, TARGETS, across, capacity, runs_by_scenario
 
 METHOD = Path(__file__).with_name("METHOD.md")
@@ -53,7 +53,7 @@ def headline(data: dict[str, Any]) -> list[dict[str, Any]]:
         if not aff:
             continue
         rr, oracle = runs.get(LORAPOOL_ROUND_ROBIN), runs.get(ORACLE)
-        others = {k: v for k, v in runs.items() if k not in (AFFINITY, ORACLE)}
+        others = {k: v for k, v in runs.items() if k not in NOT_BASELINES}
         best_name = max(others, key=lambda k: others[k]["goodput_rps"], default=None)
         best_label = best_name and best_name + across(aff, others[best_name])
         row: dict[str, Any] = {"scenario": name, "best_other": best_label}

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from bench.scenarios import LORAPOOL_AFFINITY as AFFINITY
-from bench.scenarios import LORAPOOL_ROUND_ROBIN, ORACLE
+from bench.scenarios import LORAPOOL_ROUND_ROBIN, NOT_BASELINES, ORACLE
 
 NGINX = "nginx round-robin"
 VLLM_ROUTER = "vllm-router round_robin"
@@ -89,7 +89,7 @@ def _vs_rr(key: str, regime: str, invert: bool) -> Callable[[dict[str, Any]], li
 
 
 def _baselines(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {k: v for k, v in runs.items() if k not in (AFFINITY, ORACLE)}
+    return {k: v for k, v in runs.items() if k not in NOT_BASELINES}
 
 
 def _vs_best_other(key: str) -> Callable[[dict[str, Any]], list[Cell]]:
