@@ -51,7 +51,7 @@ def _set(doc: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
     [
         ("spec.adapters.0.rank", 600, "spec.adapters[0].rank"),
         ("spec.adapters.0.name", "SQL_Coder", "spec.adapters[0].name"),
-        ("spec.adapters.1.name", "sql-coder", "duplicate"),
+        ("spec.adapters.1.name", "sql-coder", "names must be unique"),
         ("spec.adapters.0.source", "ftp://x/y", "spec.adapters[0].source"),
         ("spec.adapters.0.sha256", "abc", "spec.adapters[0].sha256"),
         ("spec.gpu.product", "T4", "spec.gpu.product"),

@@ -67,7 +67,7 @@ def _with(mutate: Any) -> str:
     [
         (lambda d: d["spec"]["adapters"][0].update(rank=600), "spec.adapters[0].rank"),
         (lambda d: d["spec"]["lora"].update(maxLoras=8, maxCpuLoras=4), "maxCpuLoras=4 is below maxLoras=8"),
-        (lambda d: d["spec"]["adapters"][1].update(name="sql-coder"), "duplicate"),
+        (lambda d: d["spec"]["adapters"][1].update(name="sql-coder"), "names must be unique"),
         (lambda d: d["spec"]["gpu"].update(product="T4"), "spec.gpu.product"),
         (
             lambda d: d["spec"]["baseModel"].update(

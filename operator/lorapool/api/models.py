@@ -11,15 +11,27 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from lorapool.api.common import (
-    ADAPTER_NAME_PATTERN,
-    BASE_MODEL_SOURCE_PATTERN,
-    SHA256_PATTERN,
-    SOURCE_PATTERN,
+    ADAPTER_SOURCE,
+    BASE_MODEL_SOURCE,
+    DNS_SUBDOMAIN,
+    HTTP_URL,
+    REVISION,
+    SHA256,
     Dtype,
     RouterPolicy,
+    dns_label,
 )
 from lorapool.api.peft import VLLM_RANKS
 
@@ -30,6 +42,10 @@ AUTO: Final = "auto"
 
 DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.11.0"
 DEFAULT_LORAPOOL_IMAGE = "ghcr.io/lorapool/lorapool:0.1.0"
+
+
+ADAPTER_NAME = dns_label("sql-coder")
+POOL_NAME = dns_label("llama3-8b")
 
 
 def cel(*rules: tuple[str, str]) -> dict[str, Any]:
@@ -80,11 +96,11 @@ class BaseModelSpec(Wire):
         max_length=253,
         description="Model id served as the base (vLLM --served-model-name), e.g. meta-llama/Meta-Llama-3-8B-Instruct.",
     )
-    source: str = Field(
-        pattern=BASE_MODEL_SOURCE_PATTERN,
+    source: Annotated[str, BASE_MODEL_SOURCE] = Field(
+        max_length=1024,
         description="Where the weights come from: hf://org/repo, s3://bucket/prefix, pvc://claim/path or file:///path.",
     )
-    revision: str | None = Field(
+    revision: Annotated[str, REVISION] | None = Field(
         default=None, max_length=128, description="Hugging Face revision (branch, tag or commit)."
     )
     dtype: Dtype = Field(default=Dtype.AUTO, description="Weight dtype passed to vLLM --dtype.")
@@ -125,27 +141,27 @@ RankValue = Annotated[int, Field(ge=1, le=512)]
 class AdapterSpec(Wire):
     """One LoRA adapter served by the pool."""
 
-    name: str = Field(
-        pattern=ADAPTER_NAME_PATTERN,
+    name: Annotated[str, ADAPTER_NAME] = Field(
         max_length=63,
         description='Adapter id clients send as "model"; a DNS-1123 label.',
     )
-    source: str = Field(
-        pattern=SOURCE_PATTERN,
+    source: Annotated[str, ADAPTER_SOURCE] = Field(
+        max_length=1024,
         description="PEFT adapter location: hf://org/repo, s3://bucket/prefix/, https://host/adapter.tar.gz, pvc://claim/path or file:///path.",
     )
-    revision: str | None = Field(
+    revision: Annotated[str, REVISION] | None = Field(
         default=None, max_length=128, description="Revision (hf branch/tag/commit); a change hot-swaps the adapter."
     )
     rank: int | None = Field(
         default=None,
         ge=1,
         le=512,
+        examples=[16],
         description="LoRA rank r (largest of r and rank_pattern); read from adapter_config.json when omitted.",
     )
-    sha256: str | None = Field(
+    sha256: Annotated[str, SHA256] | None = Field(
         default=None,
-        pattern=SHA256_PATTERN,
+        max_length=64,
         description="Expected sha256 (archive bytes, or adapter_model.safetensors for directories).",
     )
 
@@ -220,33 +236,33 @@ class LoraSpec(Wire):
         "pods) only while all spares together cost at most this fraction of the KV cache; 0 = a slot per adapter.",
     )
 
-    @field_validator("max_loras", "max_cpu_loras")
+    @field_validator("max_loras", "max_cpu_loras", mode="before")
     @classmethod
-    def _positive(cls, value: IntOrAuto, info: Any) -> IntOrAuto:
-        if isinstance(value, int) and value < 1:
-            raise ValueError(f"must be 'auto' or an integer >= 1, got {value}")
-        return value
+    def _int_or_auto(cls, value: Any) -> Any:
+        if value == AUTO or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            return value
+        raise ValueError(f"must be 'auto' or an integer >= 1, e.g. 8 (got {value!r})")
 
-    @field_validator("max_lora_rank")
+    @field_validator("max_lora_rank", mode="before")
     @classmethod
-    def _vllm_rank(cls, value: IntOrAuto) -> IntOrAuto:
-        if isinstance(value, int) and value not in VLLM_RANKS:
-            allowed = ", ".join(map(str, VLLM_RANKS))
-            raise ValueError(f"{value} is not a vLLM rank; use 'auto' or one of {allowed}")
-        return value
+    def _vllm_rank(cls, value: Any) -> Any:
+        if value == AUTO or (isinstance(value, int) and not isinstance(value, bool) and value in VLLM_RANKS):
+            return value
+        allowed = ", ".join(map(str, VLLM_RANKS))
+        raise ValueError(f"{value!r} is not a vLLM rank; use 'auto' or one of {allowed}")
 
-    @model_validator(mode="after")
-    def _cpu_holds_gpu(self) -> LoraSpec:
-        if (
-            isinstance(self.max_loras, int)
-            and isinstance(self.max_cpu_loras, int)
-            and self.max_cpu_loras < self.max_loras
-        ):
-            raise ValueError(
-                f"maxCpuLoras={self.max_cpu_loras} is below maxLoras={self.max_loras}; "
-                "vLLM refuses to start: set maxCpuLoras >= maxLoras or 'auto'"
-            )
-        return self
+    @model_validator(mode="wrap")
+    @classmethod
+    def _cpu_holds_gpu(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> LoraSpec:
+        """maxCpuLoras >= maxLoras, reported beside the other fields' problems, not instead of them."""
+        raw = value if isinstance(value, dict) else {}
+        gpu, cpu = raw.get("maxLoras", raw.get("max_loras")), raw.get("maxCpuLoras", raw.get("max_cpu_loras"))
+        problems: list[InitErrorDetails] = []
+        if isinstance(gpu, int) and isinstance(cpu, int) and not isinstance(gpu | cpu, bool) and 1 <= cpu < gpu:
+            message = f"maxCpuLoras={cpu} is below maxLoras={gpu}; vLLM refuses to start: set maxCpuLoras >= maxLoras or 'auto'"
+            problems.append({"type": _custom("value_error", message), "loc": (), "input": value})
+        result: LoraSpec = validate_reporting_all(handler, value, problems, cls.__name__)
+        return result
 
 
 class EnvVar(Wire):
@@ -284,8 +300,9 @@ class VllmSpec(Wire):
         for arg in args:
             flag = arg.split("=", 1)[0]
             if flag in MANAGED_FLAGS:
+                why = " (a key in extraArgs is readable by anyone who can read the pool)" if flag == "--api-key" else ""
                 raise ValueError(
-                    f"{flag} is set by lorapool; remove it from extraArgs and set {MANAGED_FLAGS[flag]} instead"
+                    f"{flag} is set by lorapool; remove it from extraArgs and set {MANAGED_FLAGS[flag]} instead{why}"
                 )
         return args
 
@@ -303,7 +320,7 @@ MANAGED_FLAGS: Final[dict[str, str]] = {
     "--gpu-memory-utilization": "spec.vllm.gpuMemoryUtilization",
     "--lora-dtype": "spec.lora.dtype",
     "--max-num-seqs": "spec.vllm.maxNumSeqs",
-    "--api-key": "spec.security.apiKeySecretRef (a key in extraArgs would be readable by anyone who can read the pool)",
+    "--api-key": "spec.security.apiKeySecretRef",
 }
 
 
@@ -318,20 +335,20 @@ class RouterSpec(Wire):
 class SecretKeyRef(Wire):
     """A key in a Secret in the pool's namespace."""
 
-    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", max_length=253)
+    name: Annotated[str, DNS_SUBDOMAIN] = Field(max_length=253)
     key: str = Field(min_length=1, max_length=253)
 
 
 class S3Credentials(Wire):
     """S3-compatible store access for adapter and model sources."""
 
-    secret_name: str | None = Field(
+    secret_name: Annotated[str, DNS_SUBDOMAIN] | None = Field(
         default=None,
-        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        max_length=253,
         description="Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.",
     )
-    endpoint: str | None = Field(
-        default=None, pattern=r"^https?://", description="S3 endpoint URL (MinIO, Ceph, R2...)."
+    endpoint: Annotated[str, HTTP_URL] | None = Field(
+        default=None, max_length=1024, description="S3 endpoint URL (MinIO, Ceph, R2...)."
     )
     region: str | None = Field(default=None, description="S3 region.")
 
@@ -362,9 +379,8 @@ class SecuritySpec(Wire):
         description="Render NetworkPolicy <pool>-engine: engine pods accept traffic only from this pool's router "
         "pods (port 8000) and from metricsNamespace. Turn off only where another policy covers the engines.",
     )
-    metrics_namespace: str | None = Field(
+    metrics_namespace: Annotated[str, dns_label("monitoring")] | None = Field(
         default=None,
-        pattern=ADAPTER_NAME_PATTERN,
         max_length=63,
         description="Namespace of a metrics scraper (e.g. monitoring) the NetworkPolicy lets reach the engines' "
         "port 8000 (vLLM /metrics) and the sidecars' port 8081. vLLM serves /metrics on its API port: set "
@@ -385,8 +401,8 @@ class LoRAPoolSpec(Wire):
     replicas: int = Field(default=1, ge=0, le=1000, description="Engine replicas (scale subresource).")
     adapters: list[AdapterSpec] = Field(
         default_factory=list,
-        max_length=5000,
-        description="Inline adapters; LoRAAdapter objects with spec.poolRef add more.",
+        max_length=1000,
+        description="Inline adapters (at most 1000); LoRAAdapter objects with spec.poolRef add more.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     lora: LoraSpec = Field(default_factory=LoraSpec, description="vLLM LoRA sizing.")
@@ -398,17 +414,54 @@ class LoRAPoolSpec(Wire):
         default_factory=SecuritySpec, description="Who may reach the engines (NetworkPolicy, API key)."
     )
 
-    @field_validator("adapters")
+    @field_validator("adapters", mode="wrap")
     @classmethod
-    def _unique_names(cls, adapters: list[AdapterSpec]) -> list[AdapterSpec]:
-        seen: set[str] = set()
-        for index, adapter in enumerate(adapters):
-            if adapter.name in seen:
-                raise ValueError(
-                    f"[{index}].name={adapter.name!r} is a duplicate; adapter names must be unique in a pool"
-                )
-            seen.add(adapter.name)
+    def _unique_names(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> list[AdapterSpec]:
+        """Duplicate names are reported beside the adapters' other problems, not instead of them."""
+        adapters: list[AdapterSpec] = validate_reporting_all(handler, value, _duplicate_names(value), cls.__name__)
         return adapters
+
+
+def _custom(kind: str, message: str) -> PydanticCustomError:
+    return PydanticCustomError(kind, "{message}", {"message": message})
+
+
+def validate_reporting_all(
+    handler: ValidatorFunctionWrapHandler, value: Any, problems: list[InitErrorDetails], title: str
+) -> Any:
+    """``handler(value)``, raising its errors and ``problems`` (checks across fields, made on the raw
+    input) together: pydantic would otherwise skip a cross-field check when any field is wrong."""
+    try:
+        result = handler(value)
+    except ValidationError as exc:
+        if not problems:
+            raise
+        kept: list[InitErrorDetails] = [
+            {"type": _custom(e["type"], e["msg"]), "loc": e["loc"], "input": e["input"]}
+            for e in exc.errors(include_url=False)
+        ]
+        raise ValidationError.from_exception_data(exc.title, [*kept, *problems]) from None
+    if problems:
+        raise ValidationError.from_exception_data(title, problems)
+    return result
+
+
+def _duplicate_names(value: Any) -> list[InitErrorDetails]:
+    """An error at ``[i].name`` for every adapter whose name an earlier one has (read before validation)."""
+    first: dict[str, int] = {}
+    errors: list[InitErrorDetails] = []
+    for index, item in enumerate(value if isinstance(value, list) else []):
+        name = item.get("name") if isinstance(item, dict) else getattr(item, "name", None)
+        if not isinstance(name, str):
+            continue
+        if name in first:
+            message = (
+                f"{name!r} is also the name of spec.adapters[{first[name]}]; adapter names must be unique in a "
+                f"pool, e.g. {name}-2"
+            )
+            errors.append({"type": _custom("duplicate_name", message), "loc": (index, "name"), "input": name})
+        first.setdefault(name, index)
+    return errors
 
 
 class ObjectMeta(Spec):
@@ -416,8 +469,8 @@ class ObjectMeta(Spec):
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
-    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=40)
-    namespace: str = Field(default="default", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
+    name: Annotated[str, POOL_NAME] = Field(max_length=40)
+    namespace: Annotated[str, dns_label("ml")] = Field(default="default", max_length=63)
     uid: str | None = None
     generation: int | None = None
     labels: dict[str, str] | None = None
@@ -438,27 +491,31 @@ class LoRAPool(Spec):
 class PoolRef(Wire):
     """The LoRAPool (same namespace) an adapter joins."""
 
-    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=40)
+    name: Annotated[str, POOL_NAME] = Field(max_length=40)
 
 
 class LoRAAdapterSpec(Wire):
     """One adapter owned by one team, attached to a pool; its id is metadata.name."""
 
     pool_ref: PoolRef = Field(description="The pool that serves this adapter.")
-    source: str = Field(pattern=SOURCE_PATTERN, description=AdapterSpec.model_fields["source"].description)
-    revision: str | None = Field(
+    source: Annotated[str, ADAPTER_SOURCE] = Field(
+        max_length=1024, description=AdapterSpec.model_fields["source"].description
+    )
+    revision: Annotated[str, REVISION] | None = Field(
         default=None, max_length=128, description=AdapterSpec.model_fields["revision"].description
     )
-    rank: int | None = Field(default=None, ge=1, le=512, description=AdapterSpec.model_fields["rank"].description)
-    sha256: str | None = Field(
-        default=None, pattern=SHA256_PATTERN, description=AdapterSpec.model_fields["sha256"].description
+    rank: int | None = Field(
+        default=None, ge=1, le=512, examples=[16], description=AdapterSpec.model_fields["rank"].description
+    )
+    sha256: Annotated[str, SHA256] | None = Field(
+        default=None, max_length=64, description=AdapterSpec.model_fields["sha256"].description
     )
 
 
 class AdapterMeta(ObjectMeta):
     """LoRAAdapter names are adapter ids, so they must be DNS-1123 labels."""
 
-    name: str = Field(pattern=ADAPTER_NAME_PATTERN, max_length=63)
+    name: Annotated[str, ADAPTER_NAME] = Field(max_length=63)
 
 
 class LoRAAdapter(Spec):

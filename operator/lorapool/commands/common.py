@@ -12,7 +12,7 @@ from lorapool.api.load import parse_object
 from lorapool.api.models import LoRAAdapter, LoRAPool
 from lorapool.api.yamlio import load_all
 from lorapool.errors import LoRAPoolError, SpecError
-from lorapool.plan.adapters import Merged, merge_adapters
+from lorapool.plan.adapters import Merged, merge_adapters, unattached
 from lorapool.plan.planner import AdapterRank, Plan, plan_pool
 
 
@@ -46,10 +46,11 @@ def read_inputs(paths: list[str]) -> Inputs:
                 problems.extend(exc.problems)
                 continue
             (pools if isinstance(obj, LoRAPool) else adapters).append(obj)
+    if not pools and not problems:
+        raise SpecError(f"{', '.join(paths)}: no LoRAPool found; the file needs kind: LoRAPool")
+    problems += unattached(pools, adapters) if pools else []
     if problems:
         raise SpecError(problems)
-    if not pools:
-        raise SpecError(f"{', '.join(paths)}: no LoRAPool found; the file needs kind: LoRAPool")
     return Inputs(tuple(pools), tuple(adapters))
 
 

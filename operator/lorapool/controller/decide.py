@@ -135,6 +135,15 @@ def judge_adapter(adapter: PoolAdapter, base_model: str, fetched: Fetched) -> Ad
     return result(AdapterPhase.LOADING, config.rank)
 
 
+def missing_pool(namespace: str, pool: str, adapter: str) -> AdapterResult:
+    """The verdict on a LoRAAdapter whose spec.poolRef names a pool that does not exist."""
+    message = (
+        f"spec.poolRef.name: no LoRAPool {pool} in namespace {namespace}; create it, or set spec.poolRef.name "
+        "to an existing pool (kubectl get lorapools)"
+    )
+    return AdapterResult(adapter, "LoRAAdapter", None, AdapterPhase.FAILED, message)
+
+
 def unmerged(merged: Merged, invalid: Sequence[tuple[str, str]]) -> list[AdapterResult]:
     """Verdicts of the LoRAAdapters the pool does not serve: name clashes, then refused specs."""
     return [

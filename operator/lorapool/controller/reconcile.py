@@ -118,6 +118,7 @@ class PoolReconciler:
         body = await self._io(self.kube.get, "LoRAPool", namespace, name)
         if body is None:
             self.known.discard((namespace, name))
+            await self._write_orphan_statuses(namespace, name)
             return  # deleted: ownerReferences let the garbage collector remove the children
         pool = decide.read_pool(body)
         if not isinstance(pool, LoRAPool):
@@ -184,6 +185,22 @@ class PoolReconciler:
     async def _post(self, involved: Mapping[str, Any], events: Sequence[Event]) -> None:
         for event in events:
             await self._io(self.kube.event, involved, reason=event.reason, message=event.message, type_=event.type)
+
+    async def _write_orphan_statuses(self, namespace: str, name: str) -> None:
+        """Say on each LoRAAdapter whose spec.poolRef names this missing pool that it does not exist."""
+        for raw in await self._io(self.kube.list, "LoRAAdapter", namespace):
+            if not decide.points_at(raw, name):
+                continue
+            meta, current = raw["metadata"], raw.get("status") or {}
+            verdict = decide.missing_pool(namespace, name, meta["name"])
+            status = adapter_object_status(name, meta.get("generation"), verdict)
+            status = status.model_copy(
+                update={"conditions": merge_conditions(current.get("conditions") or [], status.conditions, _now())}
+            )
+            patch = status.to_patch()
+            if status_changed(current, patch):
+                await self._io(self.kube.patch_status, "LoRAAdapter", namespace, meta["name"], patch)
+                await self._post(raw, decide.adapter_events(current, status))
 
     async def _write_adapter_statuses(
         self, pool: LoRAPool, bodies: Sequence[Mapping[str, Any]], observed: Observed

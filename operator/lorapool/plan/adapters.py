@@ -51,3 +51,19 @@ def merge_adapters(pool: LoRAPool, objects: Sequence[LoRAAdapter]) -> Merged:
         taken.add(name)
         merged.append(PoolAdapter(obj.as_adapter(), "LoRAAdapter", f"LoRAAdapter {obj.metadata.namespace}/{name}"))
     return Merged(tuple(merged), tuple(conflicts))
+
+
+def unattached(pools: Sequence[LoRAPool], objects: Sequence[LoRAAdapter]) -> list[str]:
+    """One problem per LoRAAdapter whose spec.poolRef names no pool among ``pools`` (same namespace).
+
+    Offline (`lorapool plan|render`), such an adapter would silently render nowhere.
+    """
+    present = {(p.metadata.namespace, p.metadata.name) for p in pools}
+    given = ", ".join(sorted(f"{ns}/{name}" for ns, name in present)) or "none"
+    return [
+        f"LoRAAdapter {o.metadata.namespace}/{o.metadata.name}: spec.poolRef.name: no LoRAPool "
+        f"{o.spec.pool_ref.name} in namespace {o.metadata.namespace} among the files given (LoRAPools: {given}); "
+        "fix spec.poolRef.name or add the pool's file with -f"
+        for o in objects
+        if (o.metadata.namespace, o.spec.pool_ref.name) not in present
+    ]

@@ -187,14 +187,19 @@ def plan_pool(
     gpu: GpuType = GPUS[spec.gpu.product]
     b = dtype_bytes(spec.base_model.dtype)
     lb = dtype_bytes(spec.lora.dtype) if spec.lora.dtype != Dtype.AUTO else b
+    tp_problems = (*tensor_parallel_problems(spec.gpu.count, model), *pod_memory_problems(spec))
     model_len = derive_max_model_len(spec, model)
     rank = derive_max_lora_rank(spec.lora, adapters)
-    budget = memory_budget(spec, model, gpu, b, problems=[*model_len.problems, *rank.problems])
+    budget = memory_budget(spec, model, gpu, b, problems=[*tp_problems, *model_len.problems, *rank.problems])
     one_seq = model_len.value * budget.kv_per_token_bytes
     slots = derive_max_loras(spec, len(adapters), rank.value, budget, one_seq_bytes=one_seq, dtype_size=lb)
     lora = lora_buffer_bytes(model, max_loras=slots.value, max_rank=rank.value, dtype_size=lb, tp=spec.gpu.count)
-    cpu = derive_max_cpu_loras(spec, model, len(adapters), rank.value, slots.value, budget, dtype_size=lb)
-    problems = [*model_len.problems, *rank.problems, *slots.problems]
+    cpu = (
+        derive_max_cpu_loras(spec, model, len(adapters), rank.value, slots.value, budget, dtype_size=lb)
+        if not tp_problems
+        else Derived(slots.value, "")
+    )
+    problems = [*tp_problems, *model_len.problems, *rank.problems, *slots.problems]
     if not problems and (kv_problem := _kv_problem(spec, slots.value, rank.value, lora, budget, one_seq)):
         problems.append(kv_problem)
     problems += cpu.problems
@@ -211,6 +216,27 @@ def plan_pool(
         model=model.key,
         gpu=gpu.product,
         warnings=(*slots.warnings, *cpu.warnings),
+    )
+
+
+TP_SIZES = (1, 2, 4, 8)  # spec.gpu.count's allowed values
+
+
+def _splits(tp: int, model: ModelDims) -> bool:
+    """vLLM's rule: attention heads divide evenly over the GPUs; KV heads divide or are replicated."""
+    heads, kv = model.num_attention_heads, model.num_key_value_heads
+    return heads % tp == 0 and (kv % tp == 0 if kv >= tp else tp % kv == 0)
+
+
+def tensor_parallel_problems(tp: int, model: ModelDims) -> tuple[str, ...]:
+    """The refusal when spec.gpu.count cannot split the model's heads (vLLM would not start)."""
+    if _splits(tp, model):
+        return ()
+    fits = [str(n) for n in TP_SIZES if _splits(n, model)]
+    choice = ", ".join(fits[:-1]) + f" or {fits[-1]}" if len(fits) > 1 else fits[0]
+    return (
+        f"spec.gpu.count={tp} does not divide {model.key}'s {model.num_attention_heads} attention heads "
+        f"({model.num_key_value_heads} KV heads); vLLM refuses to start: set spec.gpu.count to {choice}",
     )
 
 
@@ -515,8 +541,17 @@ def pod_memory_bytes(spec: LoRAPoolSpec, weights_total: int) -> int:
             try:
                 return parse_bytes(value, field=f"spec.vllm.resources.{section}.memory")
             except ValueError as exc:
-                raise PlanError(str(exc) + "; use a quantity such as 96Gi") from exc
+                raise PlanError(str(exc)) from exc
     return math.ceil((weights_total + DEFAULT_HOST_BYTES_EXTRA) / GIB) * GIB
+
+
+def pod_memory_problems(spec: LoRAPoolSpec) -> tuple[str, ...]:
+    """The refusal of a memory quantity in spec.vllm.resources that is not one."""
+    try:
+        pod_memory_bytes(spec, 0)
+    except PlanError as exc:
+        return exc.problems
+    return ()
 
 
 def _next_tp(model: ModelDims, gpu: GpuType, spec: LoRAPoolSpec, b: int, reserve: int) -> str:
