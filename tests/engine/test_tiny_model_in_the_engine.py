@@ -5,11 +5,16 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+import urllib.request
+from pathlib import Path
 
 import pytest
 
-from lorapool.engine.fixtures import engine_or_skip
+from lorapool.engine.fixtures import engine_or_skip, started
+from lorapool.engine.server import ServeConfig, crash_engine, descendants
 from lorapool.engine.tinymodel import DEFAULT_SPEC, SPECIAL_TOKENS, ensure_tiny_model
+from lorapool.testing.processes import free_port
+from lorapool.testing.wait import wait_until
 
 pytestmark = pytest.mark.engine
 
@@ -43,3 +48,25 @@ def test_tokenizer_config_and_chat_template_load_with_transformers() -> None:
     assert seen["arch"] == ["LlamaForCausalLM"]
     assert seen["eos"] == SPECIAL_TOKENS[1]
     assert seen["chat"] == "<|begin_of_text|><|start|>user\nhi<|end|>\n<|start|>assistant\n"
+
+
+def test_a_crashed_engine_leaves_no_process_behind_and_restarts_on_the_same_port() -> None:
+    install = engine_or_skip()
+    cfg = ServeConfig(model=str(ensure_tiny_model(engine=install)), port=free_port())
+    with started("vllm", cfg, install=install) as proc:
+        tree = [proc.pid, *descendants(proc.pid)]
+        assert len(tree) >= 3  # API server, engine core, worker
+        crash_engine(proc)
+        wait_until("every engine process to be gone", lambda: not [p for p in tree if _alive(p)], timeout_s=10)
+    with started("vllm", cfg, install=install):  # the port is free again
+        assert (
+            json.loads(urllib.request.urlopen(f"{cfg.url}/v1/models", timeout=10).read())["data"][0]["id"]
+            == "tiny-llama"
+        )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False

@@ -18,9 +18,13 @@ and worker, shared pages counted twice; ``VLLM_CPU_KVCACHE_SPACE=1``): one or tw
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from lorapool.engine.install import CPU_ENV, EngineInstall, require_engine
@@ -137,3 +141,36 @@ def start_engine(
     """
     argv, env, default_timeout = engine_command(kind, cfg, install=install, sim_extra=sim_extra)
     return start_process(argv, f"{cfg.url}/health", timeout_s or default_timeout, env=env)
+
+
+def crash_engine(proc: RunningProcess) -> None:
+    """SIGKILL the engine and every process it started, as an OOM kill of its container would.
+
+    vLLM's engine core and worker outlive a SIGKILLed API server (measured: still alive 20 s
+    later, reparented away from the test), holding memory and cores; a test that simulates an
+    engine crash must kill the whole tree. ``proc.stop()`` (SIGTERM) lets vLLM stop its children.
+    """
+    tree = [proc.pid, *descendants(proc.pid)]
+    for pid in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.popen.wait()
+
+
+def descendants(root: int) -> list[int]:
+    """Pids of the live processes below ``root`` (from /proc; parents before children)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found: list[int] = []
+    queue = [root]
+    while queue:
+        for child in children.get(queue.pop(), []):
+            found.append(child)
+            queue.append(child)
+    return found
