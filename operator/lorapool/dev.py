@@ -3,11 +3,21 @@
 Starts the local control plane (fake A100 nodes), installs the CRDs and the operator's
 RBAC, runs the operator as its own ServiceAccount, applies a pool (default
 ``examples/lorapool.yaml``), waits until it is Ready and prints what happened: the
-objects, the plan and the nodes the engine pods landed on. The fake nodes run no
-containers, so the data plane runs beside it as local processes: one `lorapool sim`
-per engine replica (the pool's derived flags), an adapter-sync sidecar per sim fed
-real PEFT adapters made on the spot, and `lorapool router` in front. It then sends an
-OpenAI request for the first adapter through the router and prints the answer.
+objects, the plan and the nodes the engine pods landed on.
+
+The fake nodes run no containers, so the data plane runs beside it as local processes,
+as a kubelet would run them: for every engine pod (a real API object) one `lorapool sim`
+with the pool's derived flags and an adapter-sync sidecar that follows the pool's
+ConfigMap as the kubelet projects it and reports on that Pod with the engine
+ServiceAccount's token (``lorapool.testing.fakekubelet``); `lorapool router` in front.
+Adapter sources the machine cannot reach (hf://, s3://, https://) are replaced by local
+PEFT adapters of the same rank before the pool is applied. It then sends an OpenAI
+request for the first adapter through the router and prints the answer, writes the
+router's URL to ``<dir>/router-url`` and a LoRAAdapter to try to ``<dir>/adapter.yaml``.
+`kubectl apply` of an adapter is served within seconds; `kubectl delete` makes it 404.
+
+SIGTERM, SIGINT and SIGHUP all stop everything it started (also when a script started
+it in the background, where SIGINT is ignored).
 """
 
 from __future__ import annotations
@@ -16,6 +26,8 @@ import argparse
 import json
 import os
 import signal
+import time
+import urllib.error
 import urllib.request
 from importlib import resources
 from pathlib import Path
@@ -25,8 +37,13 @@ DEFAULT_DIR = Path(os.environ.get("LORAPOOL_CACHE", "~/.cache/lorapool")).expand
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-f", "--filename", type=Path, default=None,
-                        help="pool YAML to apply (default: the bundled examples/lorapool.yaml)")
+    parser.add_argument(
+        "-f",
+        "--filename",
+        type=Path,
+        default=None,
+        help="pool YAML to apply (default: the bundled examples/lorapool.yaml)",
+    )
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"state directory (default {DEFAULT_DIR})")
     parser.add_argument("--once", action="store_true", help="print the result and stop everything (no Ctrl-C wait)")
     parser.add_argument("--no-data-plane", action="store_true", help="skip the local sim/sidecar/router processes")
@@ -44,7 +61,30 @@ def _say(message: str) -> None:
     print(f"==> {message}", flush=True)
 
 
+class _Stopped(BaseException):
+    """A stop signal arrived: unwind through every ``finally`` so nothing is left running."""
+
+
+def _stop_on_signals() -> None:
+    def stop(signum: int, _frame: object) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)  # one stop is enough: let the cleanup finish
+        raise _Stopped(signal.Signals(signum).name)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, stop)
+
+
 def run(args: argparse.Namespace) -> int:
+    _stop_on_signals()
+    try:
+        return _run(args)
+    except _Stopped as stopped:
+        _say(f"Stopped ({stopped}); everything it started is gone")
+        return 0
+
+
+def _run(args: argparse.Namespace) -> int:
     import yaml
 
     from lorapool.api.load import parse_object
@@ -53,22 +93,25 @@ def run(args: argparse.Namespace) -> int:
     from lorapool.testing.components import operator_argv
     from lorapool.testing.processes import free_port, start_process
 
+    state = args.dir.expanduser()
+    state.mkdir(parents=True, exist_ok=True)
+    (state / "router-url").unlink(missing_ok=True)
     text = args.filename.read_text() if args.filename else _example()
     docs = [d for d in yaml.safe_load_all(text) if d]
     pool_doc = next(d for d in docs if d.get("kind") == "LoRAPool")
+    _local_sources(pool_doc, state)
+    text = yaml.safe_dump_all(docs, sort_keys=False)
     pool = parse_object(pool_doc)
     ns, name = pool.metadata.namespace, pool.metadata.name
     repo = Path(__file__).resolve().parents[2]
-    state = args.dir.expanduser()
-    state.mkdir(parents=True, exist_ok=True)
-    processes: list[Any] = []
+    stack: list[Any] = []  # everything to stop, in start order
 
     _say("Building the control plane if needed (first run only: ~25 min, cached in ~/.cache/lorapool)")
     build.ensure_built()
     cluster = LocalCluster(state / "cluster", kubeconfig=state / "kubeconfig", timeout_s=180)
     _say("Starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler and KWOK fake GPU nodes")
-    cluster.start()
     try:
+        cluster.start()
         cluster.kubectl("apply", "--server-side", "-f", str(repo / "crds"))
         cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/lorapools.lorapool.io")
         for namespace in ("lorapool-system", ns):
@@ -77,25 +120,43 @@ def run(args: argparse.Namespace) -> int:
         sa_kubeconfig = cluster.service_account_kubeconfig("lorapool-system", "lorapool-operator")
         _say("Running the operator as ServiceAccount lorapool-system/lorapool-operator")
         metrics, liveness = free_port(), free_port()
-        argv = operator_argv(kubeconfig=sa_kubeconfig, metrics_port=metrics, liveness_port=liveness,
-                             extra=["--metadata-timeout-seconds", "3"])
-        operator = start_process(argv, f"http://127.0.0.1:{liveness}/readyz", timeout=60)
-        processes.append(operator)
+        argv = operator_argv(
+            kubeconfig=sa_kubeconfig,
+            metrics_port=metrics,
+            liveness_port=liveness,
+            extra=["--metadata-timeout-seconds", "3", "--resync-seconds", "30"],
+        )
+        stack.append(start_process(argv, f"http://127.0.0.1:{liveness}/readyz", timeout=60))
         _say(f"Applying LoRAPool {ns}/{name}")
         cluster.kubectl("apply", "-f", "-", input_text=text)
         pool_json = _wait_ready(cluster, ns, name, args.timeout_seconds)
         _report(cluster, pool_json, ns, name)
         if not args.no_data_plane:
-            _data_plane(pool_json, state, processes)
+            _data_plane(cluster, pool_json, state, stack)
         if args.once:
             return 0
-        print(f"\nPlayground running. KUBECONFIG={cluster.kubeconfig}  Press Ctrl-C to stop.", flush=True)
-        signal.sigwait({signal.SIGINT, signal.SIGTERM})
-        return 0
+        print(f"\nPlayground running. KUBECONFIG={cluster.kubeconfig}  Ctrl-C or SIGTERM stops it.", flush=True)
+        while True:
+            time.sleep(3600)
     finally:
-        for proc in reversed(processes):
-            proc.stop()
+        for item in reversed(stack):
+            (item.stop if hasattr(item, "stop") else item.close)()
         cluster.stop()
+        (state / "router-url").unlink(missing_ok=True)
+
+
+def _local_sources(pool_doc: dict[str, Any], state: Path) -> None:
+    """Replace adapter sources this machine cannot reach by local PEFT adapters of the same rank."""
+    from lorapool.testing.peft import write_peft_adapter
+
+    base = pool_doc["spec"]["baseModel"]["name"]
+    for adapter in pool_doc["spec"].get("adapters") or []:
+        if adapter["source"].startswith(("file://", "pvc://")):
+            continue
+        rank = int(adapter.get("rank") or 8)
+        path = write_peft_adapter(state / "adapters-src" / adapter["name"], rank=rank, base_model=base)
+        _say(f"Serving a local PEFT copy of {adapter['name']} (rank {rank}) instead of {adapter['source']}")
+        adapter["source"] = f"file://{path}"
 
 
 def _wait_ready(cluster: Any, ns: str, name: str, timeout_s: float) -> dict[str, Any]:
@@ -127,73 +188,118 @@ def _report(cluster: Any, pool: dict[str, Any], ns: str, name: str) -> None:
     plan = status["plan"]
     print()
     print(cluster.kubectl("get", "lorapool", name, "-n", ns, "-o", "wide").stdout)
-    print(cluster.kubectl("get", "deployments,services,configmaps,pdb", "-n", ns, "-l",
-                          f"lorapool.io/pool={name}").stdout)
+    print(
+        cluster.kubectl("get", "deployments,services,configmaps,pdb", "-n", ns, "-l", f"lorapool.io/pool={name}").stdout
+    )
     print("Plan (status.plan):")
-    for flag, key in (("--max-loras", "maxLoras"), ("--max-lora-rank", "maxLoraRank"), ("--max-cpu-loras", "maxCpuLoras")):
+    for flag, key in (
+        ("--max-loras", "maxLoras"),
+        ("--max-lora-rank", "maxLoraRank"),
+        ("--max-cpu-loras", "maxCpuLoras"),
+    ):
         print(f"  {flag:<16} {plan[key]:<6} {plan['reasons'][key]}")
     m = plan["memory"]
-    print(f"  KV cache: {m['kvCacheBytes'] / 1e9:.1f} GB = {m['kvCacheTokens']:,} tokens; LoRA buffers "
-          f"{m['loraBytes'] / 1e9:.1f} GB (naive rank 256: {m['naiveLoraBytes'] / 1e9:.1f} GB)")
+    print(
+        f"  KV cache: {m['kvCacheBytes'] / 1e9:.1f} GB = {m['kvCacheTokens']:,} tokens; LoRA buffers "
+        f"{m['loraBytes'] / 1e9:.1f} GB (naive rank 256: {m['naiveLoraBytes'] / 1e9:.1f} GB)"
+    )
     print("\nEngine pods and their nodes:")
-    print(cluster.kubectl("get", "pods", "-n", ns, "-l", f"lorapool.io/pool={name}", "-o", "wide",
-                          "-L", "app.kubernetes.io/component").stdout)
+    print(
+        cluster.kubectl(
+            "get", "pods", "-n", ns, "-l", f"lorapool.io/pool={name}", "-o", "wide", "-L", "app.kubernetes.io/component"
+        ).stdout
+    )
     print("Adapters:")
     for adapter in status.get("adapters", []):
-        print(f"  {adapter['name']:<20} rank {adapter.get('rank')!s:<4} {adapter['phase']:<8} {adapter.get('message', '')}")
+        print(
+            f"  {adapter['name']:<20} rank {adapter.get('rank')!s:<4} {adapter['phase']:<8} {adapter.get('message', '')}"
+        )
     print(f"\nEndpoint in the cluster: {status['endpoint']}")
 
 
-def _data_plane(pool: dict[str, Any], state: Path, procs: list[Any]) -> None:
-    """One sim + sidecar per replica with the pool's flags, and the router in front.
+def _data_plane(cluster: Any, pool: dict[str, Any], state: Path, stack: list[Any]) -> None:
+    """Local engines for the pool's engine pods (following them), the router in front, one request.
 
-    Each process joins ``procs`` as soon as it runs, so the caller stops it even when a later one fails."""
-    from lorapool.api.adapterset import AdapterSet, DesiredAdapter
-    from lorapool.testing.components import start_router, start_sidecar, start_sim
+    Each thing joins ``stack`` as soon as it runs, so the caller stops it even when a later one fails."""
+    from kubernetes import config
+
+    from lorapool.render import names
+    from lorapool.testing.components import start_router
+    from lorapool.testing.fakekubelet import LocalEngines
+
+    ns, name = pool["metadata"]["namespace"], pool["metadata"]["name"]
+    spec, plan = pool["spec"], pool["status"]["plan"]
+    api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    stack.append(api)
+    token = cluster.service_account_kubeconfig(ns, names.engine_service_account(name), path=state / "engine.kubeconfig")
+    sim = {
+        "served_model_name": spec["baseModel"]["name"], "max_loras": plan["maxLoras"],
+        "max_lora_rank": plan["maxLoraRank"], "max_cpu_loras": plan["maxCpuLoras"],
+    }  # fmt: skip
+    replicas = int(spec.get("replicas", 1))
+    _say(f"Starting a lorapool sim and a reporting sidecar for each of the {replicas} engine pod(s)")
+    engines = LocalEngines(api, ns, name, state / "engines", sim_flags=sim, report_kubeconfig=token)
+    stack.append(engines)
+    engines.start()  # one engine per engine pod that exists now; pods created later get theirs within a second
+    router = start_router(
+        engines.backends, policy=spec.get("router", {}).get("policy", "affinity"), health_path="/health", timeout_s=30,
+        extra=["--max-loras", str(plan["maxLoras"]), "--max-cpu-loras", str(plan["maxCpuLoras"]),
+               "--poll-interval", "0.5"],
+    )  # fmt: skip
+    stack.append(router)
+    _say(f"Router on {router.url}/v1 in front of {len(engines.backends)} engine(s)")
+    adapters = [a["name"] for a in pool["status"].get("adapters", []) if a["phase"] not in ("Failed", "Conflict")]
+    if adapters:
+        _ask(router.port, adapters[0])
+    _try_it(cluster, pool, state, router.url)
+    # Last: a script waiting for this file finds a playground that serves.
+    (state / "router-url").write_text(f"{router.url}/v1\n")
+
+
+def _try_it(cluster: Any, pool: dict[str, Any], state: Path, router_url: str) -> None:
+    """Write a LoRAAdapter the user can apply and print the commands that show it served."""
+    from lorapool.cluster.versions import binary
     from lorapool.testing.peft import write_peft_adapter
 
-    spec, plan = pool["spec"], pool["status"]["plan"]
-    base = spec["baseModel"]["name"]
-    ready = [a for a in pool["status"].get("adapters", []) if a["phase"] == "Ready"]
-    desired = []
-    for adapter in ready:
-        # The example's hf:// and s3:// sources are not reachable here; serve local copies of the same rank.
-        path = write_peft_adapter(state / "adapters-src" / adapter["name"], rank=adapter.get("rank") or 8, base_model=base)
-        desired.append(DesiredAdapter(name=adapter["name"], source=f"file://{path}", rank=adapter.get("rank")))
-    config = state / "adapters.json"
-    config.write_text(AdapterSet(pool=pool["metadata"]["name"], base_model=base, max_lora_rank=plan["maxLoraRank"],
-                                 adapters=tuple(desired)).to_json())
-    backends = []
-    for replica in range(max(1, min(int(spec.get("replicas", 1)), 2))):
-        _say(f"Starting lorapool sim (replica {replica}) with the pool's flags")
-        sim = start_sim(
-            served_model_name=base, max_loras=plan["maxLoras"], max_lora_rank=plan["maxLoraRank"],
-            max_cpu_loras=plan["maxCpuLoras"], seed=replica, timeout_s=30,
-        )  # fmt: skip
-        procs.append(sim.proc)
-        procs.append(start_sidecar(config=config, engine_url=sim.url, adapter_dir=state / f"adapters-{replica}").proc)
-        backends.append(sim.url)
-    router = start_router(
-        backends, policy=spec.get("router", {}).get("policy", "affinity"), health_path="/health", timeout_s=30,
-        extra=["--max-loras", str(plan["maxLoras"]), "--max-cpu-loras", str(plan["maxCpuLoras"])],
-    )  # fmt: skip
-    procs.append(router.proc)
-    router_port = router.port
-    _say(f"Router on http://127.0.0.1:{router_port}/v1 in front of {len(backends)} sim replica(s)")
-    if desired:
-        _ask(router_port, desired[0].name, backends)
+    ns, name = pool["metadata"]["namespace"], pool["metadata"]["name"]
+    source = write_peft_adapter(
+        state / "adapters-src" / "my-adapter", rank=8, base_model=pool["spec"]["baseModel"]["name"]
+    )
+    adapter = {
+        "apiVersion": "lorapool.io/v1alpha1", "kind": "LoRAAdapter",
+        "metadata": {"name": "my-adapter", "namespace": ns},
+        "spec": {"poolRef": {"name": name}, "source": f"file://{source}"},
+    }  # fmt: skip
+    (state / "adapter.yaml").write_text(json.dumps(adapter, indent=2) + "\n")
+    kubectl = f"{binary('kubectl')} --kubeconfig {cluster.kubeconfig}"
+    request = '{"model": "my-adapter", "prompt": "Hello", "max_tokens": 8}'
+    print(
+        f"""
+Try it:
+  {kubectl} apply -f {state / "adapter.yaml"}
+  {kubectl} wait --for=condition=Ready loraadapter/my-adapter -n {ns}
+  curl -s {router_url}/v1/completions -H 'Content-Type: application/json' -d '{request}'
+  {kubectl} get loraadapters -n {ns}        # LOADED: replicas whose sidecar reports it loaded
+  {kubectl} delete -f {state / "adapter.yaml"}   # the same request then gets 404""",
+        flush=True,
+    )
 
 
-def _ask(router_port: int, adapter: str, backends: list[str]) -> None:
+def _ask(router_port: int, adapter: str) -> None:
     from lorapool.testing.wait import wait_until
 
-    def loaded_everywhere() -> bool:  # the sidecars load adapters asynchronously
-        return all(adapter in urllib.request.urlopen(f"{b}/v1/models", timeout=5).read().decode() for b in backends)
-
-    wait_until(f"{adapter} loaded on every replica", loaded_everywhere, 60)
     body = json.dumps({"model": adapter, "prompt": "Write a SQL query that counts users.", "max_tokens": 16}).encode()
-    request = urllib.request.Request(f"http://127.0.0.1:{router_port}/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
-    answer = json.loads(urllib.request.urlopen(request, timeout=30).read())
-    print(f"\n$ curl http://127.0.0.1:{router_port}/v1/completions -d '{{\"model\": \"{adapter}\", ...}}'")
-    print(json.dumps({"model": answer["model"], "text": answer["choices"][0]["text"], "usage": answer["usage"]}, indent=2))
+
+    def answer() -> dict[str, Any] | None:  # the sidecars load and the router polls asynchronously
+        request = urllib.request.Request(f"http://127.0.0.1:{router_port}/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})  # fmt: skip
+        try:
+            return dict(json.loads(urllib.request.urlopen(request, timeout=30).read()))
+        except urllib.error.HTTPError as exc:
+            if exc.code in (404, 503):
+                return None
+            raise
+
+    got = wait_until(f"an answer from {adapter} through the router", answer, 90, interval_s=0.2)
+    print(f'\n$ curl http://127.0.0.1:{router_port}/v1/completions -d \'{{"model": "{adapter}", ...}}\'')
+    print(json.dumps({"model": got["model"], "text": got["choices"][0]["text"], "usage": got["usage"]}, indent=2))

@@ -31,6 +31,6 @@ def test_dev_brings_up_a_ready_pool_and_answers_an_adapter_request(tmp_path: Pat
     assert "llama3-8b-engine" in out and "--max-lora-rank  16" in out
     engine_lines = [line for line in out.splitlines() if line.startswith("llama3-8b-engine-")]
     assert len(engine_lines) == 2 and all("gpu-a100-80gb-" in line for line in engine_lines)
-    answer = json.loads(out[out.index("\n{", out.index("$ curl")) :])
+    answer, _ = json.JSONDecoder().raw_decode(out[out.index("\n{", out.index("$ curl")) + 1 :])
     assert answer["model"] == "sql-coder" and answer["usage"]["completion_tokens"] > 0
     assert not (tmp_path / "dev" / "cluster").exists() or not any((tmp_path / "dev" / "cluster").glob("*.pid"))
