@@ -19,7 +19,7 @@ from contextlib import contextmanager
 import pytest
 
 from lorapool.engine.install import EngineInstall, find_engine
-from lorapool.engine.server import EngineKind, ServeConfig, start_engine
+from lorapool.engine.server import EngineKind, ServeConfig, start_engine, stop_engine
 from lorapool.testing.processes import ProcessError, RunningProcess
 
 INSTALL_HINT = "run `lorapool engine install` (once, a few minutes, cached in ~/.cache/lorapool/engine)"
@@ -48,10 +48,16 @@ def started(
     install: EngineInstall | None = None,
     sim_extra: Sequence[str] = (),
 ) -> Iterator[RunningProcess]:
-    """Start ``kind`` for a test; a start failure fails the test with the engine's output (never skips)."""
+    """Start ``kind`` for a test; a start failure fails the test with the engine's output (never skips).
+
+    On exit the engine and every process it started are stopped (``stop_engine``).
+    """
     try:
         proc = start_engine(kind, cfg, install=install, sim_extra=sim_extra)
     except ProcessError as exc:
         pytest.fail(f"{kind} did not start: {exc}", pytrace=False)
-    with proc:
+    try:
         yield proc
+    finally:
+        stop_engine(proc)
+        proc.close()

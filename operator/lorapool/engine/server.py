@@ -143,6 +143,17 @@ def start_engine(
     return start_process(argv, f"{cfg.url}/health", timeout_s or default_timeout, env=env)
 
 
+def stop_engine(proc: RunningProcess, timeout_s: float = 30.0) -> int:
+    """Stop the engine (SIGTERM: vLLM stops its engine core and worker), then SIGKILL whatever
+    of its process tree is still alive, so nothing outlives the caller. Returns the exit code."""
+    tree = descendants(proc.pid)
+    code = proc.stop(timeout_s)
+    for pid in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return code
+
+
 def crash_engine(proc: RunningProcess) -> None:
     """SIGKILL the engine and every process it started, as an OOM kill of its container would.
 
