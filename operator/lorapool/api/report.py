@@ -5,8 +5,9 @@ writes, in one strategic-merge patch of its Pod's ``status`` subresource,
 
 - the annotation ``lorapool.io/adapters``: a compact JSON document, one entry per adapter
   the sidecar knows, with its phase on that replica, the identity of the desired entry it
-  works towards (``id``), the identity the engine holds now (``loaded``, absent when none)
-  and, when failed, the engine's or the source's reason (``message``);
+  works towards (``id``), the identity the engine holds now (``loaded``: ``true`` when it
+  is ``id`` itself, absent when none) and, when failed, the engine's or the source's reason
+  (``message``). 1,000 loaded adapters take ~70 KB of the 256 KiB annotation budget;
 - the pod condition ``lorapool.io/adapters-synced``: True once the first sync since the
   engine (re)started is over (every desired adapter loaded or failed); the engine pod's
   readiness gate, so a pod joins the Service with its adapters, while a broken adapter
@@ -95,14 +96,14 @@ class ReplicaReport:
 
 def encode(report: ReplicaReport) -> str:
     """The annotation's value: sorted, compact JSON; the same report always gives the same text."""
-    adapters: dict[str, dict[str, str]] = {}
+    adapters: dict[str, dict[str, str | bool]] = {}
     for name in sorted(report.adapters):
         a = report.adapters[name]
-        entry = {"phase": str(a.phase)}
+        entry: dict[str, str | bool] = {"phase": str(a.phase)}
         if a.id:
             entry["id"] = a.id
         if a.loaded:
-            entry["loaded"] = a.loaded
+            entry["loaded"] = True if a.loaded == a.id else a.loaded  # true: the desired identity itself
         if a.message:
             entry["message"] = a.message[:MESSAGE_CHARS]
         adapters[name] = entry
@@ -128,7 +129,7 @@ def decode(text: str | None) -> ReplicaReport | None:
             str(name): AdapterReport(
                 phase=ReplicaPhase(entry["phase"]),
                 id=entry.get("id"),
-                loaded=entry.get("loaded"),
+                loaded=entry.get("id") if entry.get("loaded") is True else entry.get("loaded"),
                 message=entry.get("message"),
             )
             for name, entry in (doc.get("adapters") or {}).items()
