@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from tests.conformance.conftest import BASE, MAX_LORA_RANK, MAX_LORAS, MAX_MODEL_LEN, Engine, Response
 
+from lorapool.sim.metrics import LATENCY_BUCKETS, TTFT_BUCKETS
 from lorapool.testing.scrape import latest_labels, samples
 from lorapool.testing.wait import wait_until
 
@@ -501,6 +502,12 @@ def test_metric_names_and_labels(engine: Engine) -> None:
     assert {"stop", "length", "abort"} <= reasons
     info = page["vllm:lora_requests_info"]
     assert all(set(labels) == {"max_lora", "running_lora_adapters", "waiting_lora_adapters"} for labels, _ in info)
+    for name, buckets in (
+        ("vllm:time_to_first_token_seconds", TTFT_BUCKETS),
+        ("vllm:e2e_request_latency_seconds", LATENCY_BUCKETS),
+    ):
+        bounds = [float(labels["le"]) for labels, _ in page[f"{name}_bucket"]]
+        assert bounds == [*buckets, float("inf")], name
 
 
 def test_more_adapters_in_flight_than_slots_wait_and_none_fails(engine: Engine) -> None:
