@@ -171,25 +171,17 @@ IntOrAuto = int | Literal["auto"]
 _RANKS_CEL = "[" + ", ".join(map(str, VLLM_RANKS)) + "]"
 _LORA_CEL = cel(
     (
-        "!has(self.maxLoraRank) || (type(self.maxLoraRank) == string ? self.maxLoraRank == 'auto' "
-        f": self.maxLoraRank in {_RANKS_CEL})",
-        "maxLoraRank must be 'auto' or one of vLLM's ranks 1, 8, 16, 32, 64, 128, 256, 320, 512",
-    ),
-    (
-        "!has(self.maxLoras) || (type(self.maxLoras) == string ? self.maxLoras == 'auto' : self.maxLoras >= 1)",
-        "maxLoras must be 'auto' or an integer >= 1",
-    ),
-    (
-        "!has(self.maxCpuLoras) || (type(self.maxCpuLoras) == string ? self.maxCpuLoras == 'auto' "
-        ": self.maxCpuLoras >= 1)",
-        "maxCpuLoras must be 'auto' or an integer >= 1",
-    ),
-    (
         "!has(self.maxLoras) || !has(self.maxCpuLoras) || type(self.maxLoras) == string "
         "|| type(self.maxCpuLoras) == string || self.maxCpuLoras >= self.maxLoras",
-        "maxCpuLoras must be >= maxLoras (vLLM refuses to start otherwise)",
+        "maxCpuLoras must be >= maxLoras (vLLM refuses to start otherwise): set maxCpuLoras >= maxLoras or 'auto'",
     ),
 )
+# Rules of the int-or-'auto' fields, on the fields themselves so the API server names them.
+_AUTO_OR_POSITIVE = "type(self) == string ? self == 'auto' : self >= 1"
+
+
+def _int_or_auto_schema(name: str, rule: str, message: str) -> dict[str, Any]:
+    return {"x-kubernetes-int-or-string": True, **cel((rule, f"{name} {message}"))}
 
 
 class LoraSpec(Wire):
@@ -200,17 +192,25 @@ class LoraSpec(Wire):
     max_loras: IntOrAuto = Field(
         default=AUTO,
         description="GPU adapter slots (vLLM --max-loras): most distinct adapters in one batch. 'auto' or a number.",
-        json_schema_extra={"x-kubernetes-int-or-string": True},
+        json_schema_extra=_int_or_auto_schema(
+            "maxLoras", _AUTO_OR_POSITIVE, "must be 'auto' or an integer >= 1, e.g. 8"
+        ),
     )
     max_lora_rank: IntOrAuto = Field(
         default=AUTO,
         description="vLLM --max-lora-rank: 'auto' (smallest allowed rank >= the largest adapter rank) or one of 1, 8, 16, 32, 64, 128, 256, 320, 512.",
-        json_schema_extra={"x-kubernetes-int-or-string": True},
+        json_schema_extra=_int_or_auto_schema(
+            "maxLoraRank",
+            f"type(self) == string ? self == 'auto' : self in {_RANKS_CEL}",
+            "must be 'auto' or one of vLLM's ranks 1, 8, 16, 32, 64, 128, 256, 320, 512",
+        ),
     )
     max_cpu_loras: IntOrAuto = Field(
         default=AUTO,
         description="vLLM --max-cpu-loras (CPU LRU cache of adapters): 'auto' (as many adapters of maxLoraRank as the engine container's memory holds after weights and runtime, at least maxLoras; not the adapter count) or a number >= maxLoras.",
-        json_schema_extra={"x-kubernetes-int-or-string": True},
+        json_schema_extra=_int_or_auto_schema(
+            "maxCpuLoras", _AUTO_OR_POSITIVE, "must be 'auto' or an integer >= 1, e.g. 32"
+        ),
     )
     dtype: Dtype = Field(default=Dtype.AUTO, description="vLLM --lora-dtype.")
     target_modules: list[str] | None = Field(
