@@ -137,3 +137,14 @@ def test_condition_type_description_lists_every_type_written() -> None:
 
 def test_api_version_is_group_and_version() -> None:
     assert f"{GROUP}/{VERSION}" == API_VERSION
+
+
+def test_no_string_rule_is_a_pattern_the_api_server_would_print() -> None:
+    """A schema ``pattern`` makes `kubectl apply` print the regular expression; string rules are CEL
+    rules with a message that says what a valid value looks like (tests/corpus has the cases)."""
+    for crd in crds().values():
+        schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        for path, node in _walk(schema["properties"]["spec"], ".spec"):
+            assert "pattern" not in node, path
+            for rule in node.get("x-kubernetes-validations", []):
+                assert "e.g." in rule["message"] or "must be" in rule["message"], (path, rule)
