@@ -7,7 +7,8 @@
 # Needs docker, kind, kubectl, helm and the repo's Python test environment (`make install`).
 # The tests install charts/lorapool, apply a LoRAPool whose engine image is the simulator
 # (Dockerfile target `sim`: `vllm serve` runs `lorapool sim`), wait for Ready and send an
-# OpenAI request for an adapter through the pool's router via `kubectl port-forward`.
+# OpenAI request for an adapter through the pool's router via `kubectl port-forward`; a pod
+# that is not the pool's router must not reach the engines' runtime LoRA API (NetworkPolicy).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,6 +32,14 @@ cleanup() {
   fi
 }
 trap cleanup EXIT
+
+# The pool's NetworkPolicy is tested for real here (tests/e2e: another pod cannot call the engines'
+# /v1/load_lora_adapter while the router still serves): kindnet enforces NetworkPolicy since kind v0.24.
+KIND_MINOR=$(kind version | sed -E 's/^kind v0\.([0-9]+).*/\1/')
+if [ "${KIND_MINOR:-0}" -lt 24 ] 2>/dev/null; then
+  echo "kind.sh: kind >= v0.24 is needed (its CNI enforces NetworkPolicy); found: $(kind version)" >&2
+  exit 1
+fi
 
 echo "--- kind cluster $CLUSTER"
 kind get clusters 2>/dev/null | grep -qx "$CLUSTER" || kind create cluster --name "$CLUSTER" --wait 120s

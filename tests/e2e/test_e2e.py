@@ -350,3 +350,44 @@ def test_router_answers_an_openai_request_for_an_adapter(e2e_target: Target, poo
     finally:
         forward.terminate()
         forward.wait(timeout=10)
+
+
+PROBE = """
+import sys, urllib.error, urllib.request
+req = urllib.request.Request("http://{ip}:8000/v1/load_lora_adapter", method="POST",
+    data=b'{{"lora_name": "evil", "lora_path": "/tmp"}}', headers={{"Content-Type": "application/json"}})
+try:
+    print("REACHED", urllib.request.urlopen(req, timeout=5).status)
+except urllib.error.HTTPError as exc:
+    print("REACHED", exc.code)
+except OSError as exc:
+    print("BLOCKED", exc)
+"""
+
+
+def _probe(target: Target, name: str, ip: str, labels: dict[str, str]) -> str:
+    """What a pod with ``labels`` in the pool's namespace gets from an engine's runtime LoRA API."""
+    result = target.kubectl(
+        "run", name, "-n", POOL_NS, "--rm", "-i", "--restart=Never", f"--image={image()}",
+        "--image-pull-policy=IfNotPresent", "--labels=" + ",".join(f"{k}={v}" for k, v in labels.items()),
+        "--command", "--", "python", "-c", PROBE.format(ip=ip),
+        timeout_s=180,
+    )  # fmt: skip
+    return result.stdout
+
+
+def test_only_the_router_reaches_the_engines_lora_api(e2e_target: Target, pool: dict[str, Any]) -> None:
+    """The pool's NetworkPolicy (needs a CNI that enforces it: kind >= 0.24's kindnet does)."""
+    if not e2e_target.real:
+        pytest.skip("no CNI on the local control plane: tests/render/test_security.py judges the policy by labels")
+    from lorapool.render import names
+
+    ip = e2e_target.kubectl(
+        "get", "pods", "-n", POOL_NS, "-l", names.selector_string(POOL, "engine"),
+        "-o", "jsonpath={.items[0].status.podIP}",
+    ).stdout.strip()  # fmt: skip
+    assert ip
+    assert "BLOCKED" in _probe(e2e_target, "lora-probe-other", ip, {"app": "someone-else"})
+    # The same probe wearing the router's labels is let through: the block above is the policy's.
+    assert "REACHED" in _probe(e2e_target, "lora-probe-router", ip, names.selector(POOL, "router"))
+    test_router_answers_an_openai_request_for_an_adapter(e2e_target, pool)  # and the router still serves
