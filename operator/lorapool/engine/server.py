@@ -8,10 +8,15 @@ env builders are pure; ``start_engine`` is the thin shell (``lorapool.testing.pr
     from lorapool.engine.tinymodel import ensure_tiny_model
 
     cfg = ServeConfig(model=str(ensure_tiny_model()), port=free_port(), max_loras=2)
-    with start_engine("vllm", cfg) as proc:      # or "sim": same flags, same port semantics
-        ...  # http://127.0.0.1:{cfg.port}/v1/...
+    proc = start_engine("vllm", cfg)             # or "sim": same flags, same port semantics
+    try:
+        ...  # http://127.0.0.1:{cfg.port}/v1/...; crash_engine(proc) kills it as an OOM would
+    finally:
+        stop_engine(proc)                        # SIGTERM, then SIGKILL what is left of its tree
+        proc.close()
 
-A vLLM CPU server with the tiny model takes ~50 s to start on 2 cores (two at once: also ~50 s)
+(tests use ``lorapool.engine.fixtures.started``, which does exactly this). A vLLM CPU server
+with the tiny model takes ~35-65 s to start on 2 cores, depending on load (two at once: ~50 s)
 and adds ~2.7 GB to the machine's used memory (3.9 GB summed RSS of its API server, engine core
 and worker, shared pages counted twice; ``VLLM_CPU_KVCACHE_SPACE=1``): one or two at a time.
 """
