@@ -16,6 +16,7 @@ from tests.controller.conftest import OperatorProcess
 
 from lorapool.cluster import LocalCluster
 from lorapool.testing.peft import write_peft_adapter
+from lorapool.testing.processes import free_port, start_process
 from lorapool.testing.wait import wait_until
 
 pytestmark = pytest.mark.cluster
@@ -362,24 +363,24 @@ def test_rank_is_read_from_an_http_source(
     local_cluster: LocalCluster, operator: OperatorProcess, ns: str, tmp_path: Path
 ) -> None:
     """No rank in the spec: the operator reads adapter_config.json over HTTP (a loopback server)."""
-    import subprocess
     import sys
-
-    from tests.controller.conftest import free_port
 
     write_peft_adapter(tmp_path / "www" / "coder", rank=48, base_model=BASE)
     port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(tmp_path / "www")],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
+    serve = [
+        sys.executable,
+        "-m",
+        "http.server",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--directory",
+        str(tmp_path / "www"),
+    ]
+    # answering before the pool exists: the test is about reading the rank, not a server still starting
+    with start_process(serve, f"http://127.0.0.1:{port}/coder/adapter_config.json", timeout=30):
         source = f"http://127.0.0.1:{port}/coder/"
         apply(local_cluster, pool_doc(ns, "web", [{"name": "coder", "source": source}], replicas=1))
         pool = wait_until("pool Ready", lambda: ready(local_cluster, ns, "web"), 90)
         assert pool["status"]["adapters"][0]["rank"] == 48
         assert pool["status"]["plan"]["maxLoraRank"] == 64  # 48 rounded up to vLLM's next rank
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
