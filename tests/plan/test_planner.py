@@ -238,3 +238,27 @@ def test_plan_status_uses_the_documented_names() -> None:
     assert set(status) >= {"maxLoras", "maxLoraRank", "maxCpuLoras", "memory", "reasons"}
     assert set(status["memory"]) >= {"weightsBytes", "loraBytes", "reserveBytes", "kvCacheBytes", "kvCacheTokens"}
     assert set(status["reasons"]) == {"maxLoras", "maxLoraRank", "maxCpuLoras"}
+
+
+@pytest.mark.parametrize(
+    ("model", "count", "refused"),
+    [
+        ("Qwen/Qwen2.5-7B-Instruct", 8, True),  # 28 heads
+        ("Qwen/Qwen2.5-7B-Instruct", 4, False),
+        ("meta-llama/Meta-Llama-3-8B-Instruct", 8, False),  # 32 heads, 8 KV heads
+    ],
+)
+def test_gpu_count_must_split_the_attention_heads(model: str, count: int, refused: bool) -> None:
+    spec = pool(baseModel={"name": model, "source": f"hf://{model}"}, gpu={"product": "A100-80GB", "count": count}).spec
+    if not refused:
+        assert plan_pool(spec, ranks(8)).tensor_parallel_size == count
+        return
+    with pytest.raises(PlanError, match=r"spec\.gpu\.count=8 does not divide .* set spec\.gpu\.count to 1, 2 or 4"):
+        plan_pool(spec, ranks(8))
+
+
+def test_a_bad_memory_quantity_is_reported_beside_other_problems() -> None:
+    spec = pool(vllm={"resources": {"limits": {"memory": "lots"}}, "maxModelLen": 100000}).spec
+    with pytest.raises(PlanError) as info:
+        plan_pool(spec, ranks(8))
+    assert len(info.value.problems) == 2, info.value.problems

@@ -187,19 +187,20 @@ def plan_pool(
     gpu: GpuType = GPUS[spec.gpu.product]
     b = dtype_bytes(spec.base_model.dtype)
     lb = dtype_bytes(spec.lora.dtype) if spec.lora.dtype != Dtype.AUTO else b
-    tp_problems = (*tensor_parallel_problems(spec.gpu.count, model), *pod_memory_problems(spec))
+    memory_problems = pod_memory_problems(spec)
+    early = (*tensor_parallel_problems(spec.gpu.count, model), *memory_problems)
     model_len = derive_max_model_len(spec, model)
     rank = derive_max_lora_rank(spec.lora, adapters)
-    budget = memory_budget(spec, model, gpu, b, problems=[*tp_problems, *model_len.problems, *rank.problems])
+    budget = memory_budget(spec, model, gpu, b, problems=[*early, *model_len.problems, *rank.problems])
     one_seq = model_len.value * budget.kv_per_token_bytes
     slots = derive_max_loras(spec, len(adapters), rank.value, budget, one_seq_bytes=one_seq, dtype_size=lb)
     lora = lora_buffer_bytes(model, max_loras=slots.value, max_rank=rank.value, dtype_size=lb, tp=spec.gpu.count)
     cpu = (
         derive_max_cpu_loras(spec, model, len(adapters), rank.value, slots.value, budget, dtype_size=lb)
-        if not tp_problems
+        if not memory_problems  # it reads the pod's memory, which is not a quantity then
         else Derived(slots.value, "")
     )
-    problems = [*tp_problems, *model_len.problems, *rank.problems, *slots.problems]
+    problems = [*early, *model_len.problems, *rank.problems, *slots.problems]
     if not problems and (kv_problem := _kv_problem(spec, slots.value, rank.value, lora, budget, one_seq)):
         problems.append(kv_problem)
     problems += cpu.problems
