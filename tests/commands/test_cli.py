@@ -117,3 +117,13 @@ def test_the_readme_plan_example_is_what_plan_prints() -> None:
     assert result.returncode == 0, result.stderr
     for line in filter(None, block.splitlines()):
         assert line.removesuffix(" ...").strip() in result.stdout, line
+
+
+def test_plan_of_one_rank_300_adapter_shows_at_most_two_slots_and_their_price() -> None:
+    doc = _example()
+    doc["spec"]["adapters"] = [{"name": "wide", "source": "hf://acme/wide-lora", "rank": 300}]
+    result = lorapool("plan", "-f", "-", stdin=yaml.safe_dump(doc))
+    assert result.returncode == 0, result.stderr
+    line = next(line for line in result.stdout.splitlines() if line.strip().startswith("--max-loras"))
+    assert int(line.split()[1]) <= 2, line
+    assert "% of the KV cache" in line and "GB" in line, line
