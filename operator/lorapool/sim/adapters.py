@@ -2,7 +2,7 @@
 
 Called by the HTTP shell for ``/v1/load_lora_adapter`` and for ``--lora-modules`` at start-up.
 It reads the real files: ``adapter_config.json`` through ``lorapool.api.peft`` and the
-safetensors header through ``lorapool.testing.peft``; the tensors themselves are never loaded.
+safetensors header through ``lorapool.sources.layout``; the tensors themselves are never loaded.
 
 Status codes follow vLLM 0.32's ``OpenAIServingModels.load_lora_adapter``, measured against the
 real engine in ``tests/conformance``: a missing adapter (``No adapter found``) is 404
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from lorapool.api.peft import AdapterConfig, parse_adapter_config
 from lorapool.errors import AdapterError
-from lorapool.testing.peft import read_safetensors_header
+from lorapool.sources.layout import read_safetensors_header
 
 # Modules vLLM's Llama implementation accepts LoRA weights for (packed into qkv/gate_up).
 LLAMA_LORA_MODULES = frozenset(
@@ -111,7 +111,7 @@ def worker_refusals(config: AdapterConfig, max_lora_rank: int) -> list[str]:
 
 def _check_safetensors(path: Path) -> set[str]:
     """The LoRA module names in a safetensors file whose header and data extent are sound."""
-    header = read_safetensors_header(path)
+    header, _ = read_safetensors_header(path)
     size = path.stat().st_size
     with path.open("rb") as fh:
         header_len = int.from_bytes(fh.read(8), "little")

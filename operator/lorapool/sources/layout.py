@@ -90,22 +90,35 @@ def parse_config_bytes(raw: bytes, *, where: str) -> dict[str, Any]:
     return value
 
 
-def check_safetensors(path: Path, *, where: str) -> None:
-    """Refuse a truncated or garbled safetensors file before vLLM does (cheap: header only)."""
-    size = path.stat().st_size
+def read_safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
+    """The JSON header of a safetensors file and its length in bytes; cheap, the tensors are not read.
+
+    Raises ValueError saying what is wrong when the file is not a safetensors file. Shared by the
+    sidecar's checks, the simulator's refusals and the tests' adapter writers.
+    """
     with path.open("rb") as fh:
         prefix = fh.read(8)
         if len(prefix) != 8:
-            raise AdapterError(f"{where}: {path.name} is truncated ({size} bytes); re-upload it")
+            raise ValueError(f"{path.name} is truncated ({path.stat().st_size} bytes)")
         (header_len,) = struct.unpack("<Q", prefix)
-        if header_len > min(size - 8, 100 * (1 << 20)):
-            raise AdapterError(f"{where}: {path.name} is not a safetensors file; re-upload it")
+        if header_len > min(path.stat().st_size - 8, 100 * (1 << 20)):
+            raise ValueError(f"{path.name} is not a safetensors file")
         try:
             header = json.loads(fh.read(header_len))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise AdapterError(f"{where}: {path.name} has a corrupt header; re-upload it") from exc
+            raise ValueError(f"{path.name} has a corrupt header") from exc
     if not isinstance(header, dict):
-        raise AdapterError(f"{where}: {path.name} has a corrupt header; re-upload it")
+        raise ValueError(f"{path.name} has a corrupt header")
+    return header, header_len
+
+
+def check_safetensors(path: Path, *, where: str) -> None:
+    """Refuse a truncated or garbled safetensors file before vLLM does (cheap: header only)."""
+    size = path.stat().st_size
+    try:
+        header, header_len = read_safetensors_header(path)
+    except ValueError as exc:
+        raise AdapterError(f"{where}: {exc}; re-upload it") from exc
     end = 0
     for key, entry in header.items():
         if key == "__metadata__":

@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from lorapool.sources import layout
+
 DEFAULT_TARGETS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
@@ -47,17 +49,7 @@ def normal_f32(rng: random.Random, count: int, std: float, mean: float = 0.0) ->
 
 def read_safetensors_header(path: Path) -> dict[str, Any]:
     """The JSON header of a safetensors file; raises ValueError when the file is not one."""
-    with path.open("rb") as fh:
-        prefix = fh.read(8)
-        if len(prefix) != 8:
-            raise ValueError(f"{path.name}: too short to be a safetensors file")
-        (size,) = struct.unpack("<Q", prefix)
-        if size > 100_000_000:
-            raise ValueError(f"{path.name}: header size {size} is implausible")
-        header = json.loads(fh.read(size))
-    if not isinstance(header, dict):
-        raise ValueError(f"{path.name}: header is not a JSON object")
-    return header
+    return layout.read_safetensors_header(path)[0]
 
 
 def write_peft_adapter(
