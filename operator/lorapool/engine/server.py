@@ -29,11 +29,10 @@ import signal
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 from lorapool.engine.install import CPU_ENV, EngineInstall, require_engine
-from lorapool.testing.processes import RunningProcess, start_process
+from lorapool.testing.processes import RunningProcess, descendants, start_process
 
 EngineKind = Literal["vllm", "sim"]
 ENGINE_KINDS: tuple[EngineKind, ...] = ("vllm", "sim")
@@ -171,22 +170,3 @@ def crash_engine(proc: RunningProcess) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     proc.popen.wait()
-
-
-def descendants(root: int) -> list[int]:
-    """Pids of the live processes below ``root`` (from /proc; parents before children)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found: list[int] = []
-    queue = [root]
-    while queue:
-        for child in children.get(queue.pop(), []):
-            found.append(child)
-            queue.append(child)
-    return found

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from lorapool.testing.processes import descendants
 from lorapool.testing.wait import WaitTimeout, wait_until
 
 THREAD_GRACE_S = 5.0
@@ -76,7 +77,7 @@ def _check_threads(item: pytest.Item) -> None:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    session.stash[_baseline] = set(_descendants(os.getpid()))
+    session.stash[_baseline] = set(descendants(os.getpid()))
 
 
 @pytest.hookimpl(trylast=True)
@@ -84,7 +85,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if not _PROC.is_dir():
         return
     baseline = session.stash.get(_baseline, set())
-    leaked = [p for p in _processes(_descendants(os.getpid())) if p.pid not in baseline]
+    leaked = [p for p in _processes(descendants(os.getpid())) if p.pid not in baseline]
     ports = _listening_ports(os.getpid())
     if not leaked and not ports:
         return
@@ -104,26 +105,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 def _alive(threads: Iterable[threading.Thread]) -> list[threading.Thread]:
     return [t for t in threads if t.is_alive()]
-
-
-def _descendants(root: int) -> list[int]:
-    """Pids of live (not zombie) processes below ``root``, from /proc (parents before children)."""
-    children: dict[int, list[int]] = {}
-    for stat in _PROC.glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] == "Z":
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found: list[int] = []
-    queue = [root]
-    while queue:
-        for child in children.get(queue.pop(), []):
-            found.append(child)
-            queue.append(child)
-    return found
 
 
 def _processes(pids: Iterable[int]) -> list[Leak]:

@@ -47,6 +47,28 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
         return [int(sock.getsockname()[1]) for sock in socks]
 
 
+def descendants(root: int) -> list[int]:
+    """Pids of the live (not zombie) processes below ``root``, from /proc, parents before children.
+
+    A server may fork workers that outlive it (vLLM's engine core); stopping or checking for
+    leaks has to see the whole tree."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found: list[int] = []
+    queue = [root]
+    while queue:
+        for child in children.get(queue.pop(), []):
+            found.append(child)
+            queue.append(child)
+    return found
+
+
 class RunningProcess:
     """A process started by ``start_process``; a context manager that stops it on exit."""
 
