@@ -8,8 +8,6 @@ never more than one engine at a time. Both start from the same ``ServeConfig`` (
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +18,8 @@ import pytest
 from lorapool.engine.fixtures import engine_or_skip, started
 from lorapool.engine.server import ENGINE_KINDS, EngineKind, ServeConfig
 from lorapool.engine.tinymodel import AdapterKind, ensure_tiny_model, model_dir, write_tiny_adapter
+from lorapool.testing import http
+from lorapool.testing.http import Response
 from lorapool.testing.processes import free_port
 
 MAX_LORAS = 1
@@ -42,16 +42,6 @@ ADAPTERS: dict[str, tuple[int, int, AdapterKind]] = {
 
 
 @dataclass
-class Response:
-    status: int
-    text: str
-    content_type: str
-
-    def json(self) -> Any:
-        return json.loads(self.text)
-
-
-@dataclass
 class Engine:
     """A running engine of one kind, with the adapter directories the cases use."""
 
@@ -67,17 +57,7 @@ class Engine:
     def request(
         self, method: str, path: str, body: Any = None, *, content_type: str = "application/json", timeout_s: float = 60
     ) -> Response:
-        data = None
-        if body is not None:
-            data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        req = urllib.request.Request(
-            f"{self.url}{path}", data=data, method=method, headers={"Content-Type": content_type}
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-                return Response(resp.status, resp.read().decode(errors="replace"), resp.headers.get("Content-Type", ""))
-        except urllib.error.HTTPError as err:
-            return Response(err.code, err.read().decode(errors="replace"), err.headers.get("Content-Type", ""))
+        return http.request(f"{self.url}{path}", method, body, content_type=content_type, timeout_s=timeout_s)
 
     def post(self, path: str, body: Any) -> Response:
         return self.request("POST", path, body)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +11,7 @@ from typing import Any
 import openai
 import pytest
 
+from lorapool.testing import http
 from lorapool.testing.components import start_sim as start_sim_process
 from lorapool.testing.peft import write_peft_adapter
 from lorapool.testing.processes import RunningProcess
@@ -30,17 +29,8 @@ class Sim:
         self, method: str, path: str, body: Any = None, *, content_type: str = "application/json"
     ) -> tuple[int, str]:
         """Raw HTTP: status and body text (vLLM's exact bytes, no client in between)."""
-        data = None
-        if body is not None:
-            data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        req = urllib.request.Request(
-            f"{self.url}{path}", data=data, method=method, headers={"Content-Type": content_type}
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=30) as response:
-                return response.status, response.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode()
+        answer = http.request(f"{self.url}{path}", method, body, content_type=content_type)
+        return answer.status, answer.text
 
     def post(self, path: str, body: Any) -> tuple[int, Any]:
         status, text = self.request("POST", path, body)
