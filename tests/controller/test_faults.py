@@ -34,7 +34,7 @@ from lorapool.testing.wait import wait_until
 
 pytestmark = pytest.mark.cluster
 
-OWNED_KINDS = "deployments,services,configmaps,serviceaccounts,roles,rolebindings,poddisruptionbudgets"
+OWNED_KINDS = "deployments,services,configmaps,serviceaccounts,roles,rolebindings,poddisruptionbudgets,networkpolicies"
 IDENTITY = "fault-test-operator"  # a restarted container keeps its Pod's name: it takes its Lease back at once
 
 
