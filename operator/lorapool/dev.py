@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import signal
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -48,6 +49,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--once", action="store_true", help="print the result and stop everything (no Ctrl-C wait)")
     parser.add_argument("--no-data-plane", action="store_true", help="skip the local sim/sidecar/router processes")
     parser.add_argument("--timeout-seconds", type=float, default=180.0, help="how long to wait for Ready")
+    parser.add_argument(
+        "--engine",
+        choices=("sim", "vllm"),
+        default="sim",
+        help="sim: lorapool sim per engine pod (default); vllm: real vLLM CPU replicas of a tiny stand-in model"
+        " (installs the engine on first use)",
+    )
 
 
 def _example() -> str:
@@ -99,6 +107,11 @@ def _run(args: argparse.Namespace) -> int:
     text = args.filename.read_text() if args.filename else _example()
     docs = [d for d in yaml.safe_load_all(text) if d]
     pool_doc = next(d for d in docs if d.get("kind") == "LoRAPool")
+    start_engine = None
+    if getattr(args, "engine", "sim") == "vllm" and not args.no_data_plane:
+        from lorapool.engine.playground import prepare_real_engine
+
+        start_engine = prepare_real_engine(pool_doc, state, say=_say)  # tiny-model adapters replace remote ones
     _local_sources(pool_doc, state)
     text = yaml.safe_dump_all(docs, sort_keys=False)
     pool = parse_object(pool_doc)
@@ -132,7 +145,7 @@ def _run(args: argparse.Namespace) -> int:
         pool_json = _wait_ready(cluster, ns, name, args.timeout_seconds)
         _report(cluster, pool_json, ns, name)
         if not args.no_data_plane:
-            _data_plane(cluster, pool_json, state, stack)
+            _data_plane(cluster, pool_json, state, stack, start_engine=start_engine)
         if args.once:
             return 0
         print(f"\nPlayground running. KUBECONFIG={cluster.kubeconfig}  Ctrl-C or SIGTERM stops it.", flush=True)
@@ -217,14 +230,14 @@ def _report(cluster: Any, pool: dict[str, Any], ns: str, name: str) -> None:
     print(f"\nEndpoint in the cluster: {status['endpoint']}")
 
 
-def _data_plane(cluster: Any, pool: dict[str, Any], state: Path, stack: list[Any]) -> None:
+def _data_plane(cluster: Any, pool: dict[str, Any], state: Path, stack: list[Any], *, start_engine: Any = None) -> None:
     """Local engines for the pool's engine pods (following them), the router in front, one request.
 
     Each thing joins ``stack`` as soon as it runs, so the caller stops it even when a later one fails."""
-    from kubernetes import config
+    from kubernetes import client, config
 
+    from lorapool.api.models import GROUP, VERSION
     from lorapool.render import names
-    from lorapool.testing.components import start_router
     from lorapool.testing.fakekubelet import LocalEngines
 
     ns, name = pool["metadata"]["namespace"], pool["metadata"]["name"]
@@ -232,28 +245,88 @@ def _data_plane(cluster: Any, pool: dict[str, Any], state: Path, stack: list[Any
     api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
     stack.append(api)
     token = cluster.service_account_kubeconfig(ns, names.engine_service_account(name), path=state / "engine.kubeconfig")
-    sim = {
-        "served_model_name": spec["baseModel"]["name"], "max_loras": plan["maxLoras"],
-        "max_lora_rank": plan["maxLoraRank"], "max_cpu_loras": plan["maxCpuLoras"],
-    }  # fmt: skip
+
+    def sim_flags() -> dict[str, Any]:
+        """The pool's plan now: pods that rolled for new vLLM flags get engines with those flags."""
+        current = plan
+        try:
+            live = client.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, ns, "lorapools", name)
+            current = (live.get("status") or {}).get("plan") or plan
+        except client.ApiException:
+            pass
+        return {
+            "served_model_name": spec["baseModel"]["name"], "max_loras": current["maxLoras"],
+            "max_lora_rank": current["maxLoraRank"], "max_cpu_loras": current["maxCpuLoras"],
+        }  # fmt: skip
+
+    router = _Router(
+        policy=spec.get("router", {}).get("policy", "affinity"),
+        extra=[
+            "--max-loras",
+            str(plan["maxLoras"]),
+            "--max-cpu-loras",
+            str(plan["maxCpuLoras"]),
+            "--poll-interval",
+            "0.5",
+        ],
+    )
+    stack.append(router)
     replicas = int(spec.get("replicas", 1))
-    _say(f"Starting a lorapool sim and a reporting sidecar for each of the {replicas} engine pod(s)")
-    engines = LocalEngines(api, ns, name, state / "engines", sim_flags=sim, report_kubeconfig=token)
+    kind = "vLLM (CPU) engine" if start_engine else "lorapool sim"
+    _say(f"Starting a {kind} and a reporting sidecar for each of the {replicas} engine pod(s)")
+    engines = LocalEngines(
+        api, ns, name, state / "engines", sim_flags=sim_flags, report_kubeconfig=token,
+        on_change=router.follow, start_engine=start_engine,
+    )  # fmt: skip
     stack.append(engines)
     engines.start()  # one engine per engine pod that exists now; pods created later get theirs within a second
-    router = start_router(
-        engines.backends, policy=spec.get("router", {}).get("policy", "affinity"), health_path="/health", timeout_s=30,
-        extra=["--max-loras", str(plan["maxLoras"]), "--max-cpu-loras", str(plan["maxCpuLoras"]),
-               "--poll-interval", "0.5"],
-    )  # fmt: skip
-    stack.append(router)
-    _say(f"Router on {router.url}/v1 in front of {len(engines.backends)} engine(s)")
     adapters = [a["name"] for a in pool["status"].get("adapters", []) if a["phase"] not in ("Failed", "Conflict")]
     if adapters:
         _ask(router.port, adapters[0])
     _try_it(cluster, pool, state, router.url)
+    if start_engine is not None:  # the adapter to try must fit the tiny model the engines serve
+        from lorapool.engine.tinymodel import write_tiny_adapter
+
+        write_tiny_adapter(state / "adapters-src" / "my-adapter", rank=8, base_model=spec["baseModel"]["name"])
     # Last: a script waiting for this file finds a playground that serves.
     (state / "router-url").write_text(f"{router.url}/v1\n")
+
+
+class _Router:
+    """The playground's router, on one port for its whole life: restarted in front of the new engines
+    whenever engine pods come or go (a roll for new vLLM flags, a scale), since it routes to a static list."""
+
+    def __init__(self, *, policy: str, extra: list[str]) -> None:
+        from lorapool.testing.processes import free_port
+
+        self.policy, self.extra = policy, extra
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.backends: list[str] = []
+        self._component: Any = None
+        self._lock = threading.Lock()
+
+    def follow(self, backends: list[str]) -> None:
+        from lorapool.testing.components import start_router
+
+        with self._lock:
+            if backends == self.backends and self._component is not None:
+                return
+            if self._component is not None:
+                self._component.close()
+                self._component = None
+            self.backends = list(backends)
+            if backends:
+                self._component = start_router(
+                    backends, policy=self.policy, extra=self.extra, health_path="/health", timeout_s=30, port=self.port
+                )
+                _say(f"Router on {self.url}/v1 in front of {len(backends)} engine(s)")
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._component is not None:
+                self._component.close()
+                self._component = None
 
 
 def _try_it(cluster: Any, pool: dict[str, Any], state: Path, router_url: str) -> None:

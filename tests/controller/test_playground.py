@@ -20,6 +20,7 @@ import pytest
 from lorapool.cluster import build
 from lorapool.cluster.runtime import COMPONENTS
 from lorapool.cluster.versions import binary
+from lorapool.testing.peft import write_peft_adapter
 from lorapool.testing.wait import wait_until
 
 pytestmark = pytest.mark.cluster
@@ -94,7 +95,9 @@ def test_playground_serves_applied_adapters_in_seconds_and_stops_on_sigterm(tmp_
         applied = time.monotonic()
         wait_until("a 200 for my-adapter", lambda: complete(url, "my-adapter")[0] == 200, 60, interval_s=0.1)
         first_200_s = time.monotonic() - applied
-        print(f"apply -> first 200 through the playground's router: {first_200_s:.2f} s (goal {APPLY_TO_FIRST_200_GOAL_S:g} s)")
+        print(
+            f"apply -> first 200 through the playground's router: {first_200_s:.2f} s (goal {APPLY_TO_FIRST_200_GOAL_S:g} s)"
+        )
         assert first_200_s <= APPLY_TO_FIRST_200_LIMIT_S
         subprocess.run(
             [*kubectl, "wait", "--for=condition=Ready", "loraadapter/my-adapter", "-n", "ml", "--timeout=30s"],
@@ -109,6 +112,19 @@ def test_playground_serves_applied_adapters_in_seconds_and_stops_on_sigterm(tmp_
             "a 404 for the deleted adapter", lambda: (r := complete(url, "my-adapter"))[0] == 404 and r, 60
         )
         print(f"delete -> 404: {time.monotonic() - deleted:.2f} s; body: {body[:200]}")
+
+        # A rank-64 adapter changes vLLM's flags: the engine pods roll, the playground follows them
+        # (new engines with the new flags) and the same router URL serves it.
+        wide = write_peft_adapter(tmp_path / "wide", rank=64, base_model="meta-llama/Meta-Llama-3-8B-Instruct")
+        doc = {"apiVersion": "lorapool.io/v1alpha1", "kind": "LoRAAdapter", "metadata": {"name": "wide", "namespace": "ml"},
+               "spec": {"poolRef": {"name": "llama3-8b"}, "source": f"file://{wide}"}}  # fmt: skip
+        subprocess.run(
+            [*kubectl, "apply", "-f", "-"], input=json.dumps(doc), text=True, check=True, capture_output=True
+        )
+        applied = time.monotonic()
+        wait_until("a 200 for wide after the roll", lambda: complete(url, "wide")[0] == 200, 120, interval_s=0.2)
+        print(f"apply of a rank-64 adapter (pods roll) -> first 200: {time.monotonic() - applied:.2f} s")
+        assert complete(url, "sql-coder")[0] == 200
 
         started = descendants(proc.pid)
         assert len(started) >= 8, started  # control plane, operator, sims, sidecars, router

@@ -143,9 +143,10 @@ def start_router(
     extra: Sequence[str] = (),
     health_path: str = "/livez",
     timeout_s: float = 60.0,
+    port: int | None = None,
 ) -> Component:
     """Start ``lorapool router``; returns once ``health_path`` answers (``/health`` also needs a live backend)."""
-    port = free_port()
+    port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     return Component(
         url, start_process(router_argv(port, backends, policy=policy, extra=extra), url + health_path, timeout_s)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -55,17 +55,24 @@ class LocalEngines:
         pool: str,
         state_dir: Path,
         *,
-        sim_flags: Mapping[str, Any],
+        sim_flags: Mapping[str, Any] | Callable[[], Mapping[str, Any]],
         report_kubeconfig: Path,
         sidecar_extra: Sequence[str] = FAST_SIDECAR,
         period_s: float = 1.0,
+        on_change: Callable[[list[str]], None] | None = None,
+        start_engine: Callable[..., Component] | None = None,
     ) -> None:
+        """``sim_flags``: `start_sim` flags, or a function giving them when a pod starts (the pool's
+        current plan: pods that roll for new flags get engines with them). ``on_change``: called with
+        the backend URLs whenever the set of engines changed (from the following thread)."""
         from lorapool.render import names
 
         self.api_client = api_client
         self.namespace, self.pool = namespace, pool
         self.state_dir = state_dir
-        self.sim_flags = dict(sim_flags)
+        self.sim_flags = sim_flags
+        self.on_change = on_change
+        self.start_engine = start_engine or start_sim  # lorapool.engine.playground: real vLLM instead
         self.report_kubeconfig = report_kubeconfig
         self.sidecar_extra = tuple(sidecar_extra)
         self.period_s = period_s
@@ -96,15 +103,19 @@ class LocalEngines:
         for replica in gone:
             log.info("Stopped local engine of deleted Pod %s", replica.pod)
             replica.close()
-        for pod in sorted(live - set(self.replicas)):
+        new = sorted(live - set(self.replicas))
+        for pod in new:
             if self._stop.is_set():
                 return
             replica = self._start(pod)
             with self._lock:
                 self.replicas[pod] = replica
+        if (gone or new) and self.on_change is not None:
+            self.on_change(self.backends)
 
     def _start(self, pod: str) -> Replica:
-        sim = start_sim(**self.sim_flags, timeout_s=60)
+        flags = self.sim_flags() if callable(self.sim_flags) else self.sim_flags
+        sim = self.start_engine(**flags, timeout_s=60)
         try:
             sidecar = start_sidecar(
                 config=self.volume.path("adapters.json"),
