@@ -150,3 +150,19 @@ def test_a_load_the_engines_refuse_is_a_condition_and_a_warning_event_with_their
     assert "greater than max_lora_rank 8" in pool_entry["message"]
     # The working inline adapter is served on both replicas (once the pods that rank 16 rolled are back).
     wait_until("inline-a on 2", lambda: pool_adapter(local_cluster, ns, "inline-a").get("loadedReplicas") == 2, 90)
+
+
+def test_the_sidecars_account_may_patch_pod_status_in_its_namespace_and_nothing_else(
+    local_cluster: LocalCluster, ns: str, tmp_path: Path, engines: LocalEngines
+) -> None:
+    def can(*args: str) -> str:
+        result = local_cluster.kubectl(
+            "auth", "can-i", *args, kubeconfig=tmp_path / "engine-sa.kubeconfig", check=False
+        )
+        return result.stdout.strip()
+
+    assert can("patch", "pods", "--subresource=status", "-n", ns) == "yes"
+    assert can("patch", "pods", "-n", ns) == "no"  # never the spec
+    assert can("get", "pods", "-n", ns) == "no"
+    assert can("patch", "pods", "--subresource=status", "-n", "default") == "no"
+    assert can("get", "secrets", "-n", ns) == "no"

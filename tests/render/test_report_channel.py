@@ -1,0 +1,42 @@
+"""The engine pods' side of the report channel (docs/status.md): a token for the sidecar only,
+the narrowest Role that lets it report, and the readiness gate."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.render.test_render import by_kind, render
+
+from lorapool.api.report import SYNCED_CONDITION
+from lorapool.render import names
+
+
+def test_only_the_sidecar_gets_a_token_and_it_may_only_patch_pod_status(example_doc: dict[str, Any]) -> None:
+    objects = render(example_doc)
+    sa = names.engine_service_account("llama3-8b")
+    pod = by_kind(objects, "Deployment", "llama3-8b-engine")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == sa and pod["automountServiceAccountToken"] is False
+    assert by_kind(objects, "ServiceAccount", sa)["automountServiceAccountToken"] is False
+    (volume,) = [v for v in pod["volumes"] if "projected" in v]
+    sources = volume["projected"]["sources"]
+    assert sources[0]["serviceAccountToken"]["expirationSeconds"] <= 3600
+    mounts = {c["name"]: [m["name"] for m in c["volumeMounts"]] for c in pod["containers"]}
+    assert volume["name"] in mounts["adapter-sync"] and volume["name"] not in mounts["vllm"]
+    sidecar = next(c for c in pod["containers"] if c["name"] == "adapter-sync")
+    token_mount = next(m for m in sidecar["volumeMounts"] if m["name"] == volume["name"])
+    assert token_mount["mountPath"] == names.SERVICE_ACCOUNT_MOUNT and token_mount["readOnly"] is True
+    env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in sidecar["env"]}
+    assert env["POD_NAME"] == "metadata.name" and env["POD_NAMESPACE"] == "metadata.namespace"
+    assert by_kind(objects, "Role", sa)["rules"] == [
+        {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]}
+    ]
+    binding = by_kind(objects, "RoleBinding", sa)
+    assert binding["roleRef"]["name"] == sa and binding["subjects"][0]["name"] == sa
+
+
+def test_engine_pods_wait_for_their_first_adapter_sync(example_doc: dict[str, Any]) -> None:
+    objects = render(example_doc)
+    pod = by_kind(objects, "Deployment", "llama3-8b-engine")["spec"]["template"]["spec"]
+    assert pod["readinessGates"] == [{"conditionType": SYNCED_CONDITION}]
+    kinds = [o["kind"] for o in objects]
+    assert kinds.index("ServiceAccount") < kinds.index("Deployment")  # pods are refused without their account
