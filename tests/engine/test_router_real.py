@@ -118,7 +118,10 @@ def test_affinity_reads_the_replicas_real_lora_metrics(pool: Pool) -> None:
             "the router to see two adapters active on replica 0 (from its /metrics)",
             lambda: pool.router_gauge("lorapool_router_backend_active_adapters").get(first) == 2.0,
             60,
-            describe=lambda: (pool.router_gauge("lorapool_router_backend_active_adapters"), [s.tokens for s in streams]),
+            describe=lambda: (
+                pool.router_gauge("lorapool_router_backend_active_adapters"),
+                [s.tokens for s in streams],
+            ),
         )
         client = pool.client()
         same = client.completions.with_raw_response.create(model="ad0", prompt=PROMPT, max_tokens=2)

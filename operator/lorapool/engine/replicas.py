@@ -33,9 +33,7 @@ def replica_configs(
     chosen = list(ports) if ports is not None else [free_port() for _ in range(count)]
     if len(chosen) != count:
         raise ValueError(f"{len(chosen)} ports for {count} replicas: give one port per replica")
-    return [
-        dataclasses.replace(template, port=port, cpu_threads_bind=str(i % ncores)) for i, port in enumerate(chosen)
-    ]
+    return [dataclasses.replace(template, port=port, cpu_threads_bind=str(i % ncores)) for i, port in enumerate(chosen)]
 
 
 def start_engines(
