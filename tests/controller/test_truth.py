@@ -166,3 +166,37 @@ def test_the_sidecars_account_may_patch_pod_status_in_its_namespace_and_nothing_
     assert can("get", "pods", "-n", ns) == "no"
     assert can("patch", "pods", "--subresource=status", "-n", "default") == "no"
     assert can("get", "secrets", "-n", ns) == "no"
+
+
+def test_a_sidecar_that_may_not_report_says_why_and_keeps_serving(
+    local_cluster: LocalCluster, ns: str, tmp_path: Path, engines: LocalEngines
+) -> None:
+    """Reporting as an account without the right: the sidecar logs the API's refusal, shows it in
+    /status, counts it, backs off, and still loads adapters into its engine."""
+    import urllib.request
+
+    from lorapool.testing.components import start_sidecar, start_sim
+    from lorapool.testing.projection import ConfigMapVolume
+
+    wrong = local_cluster.service_account_kubeconfig(ns, f"{POOL}-router", path=tmp_path / "router-sa.kubeconfig")
+    pod = engine_pods(local_cluster, ns)[0]["metadata"]["name"]
+    with (
+        ConfigMapVolume(engines.api_client, ns, f"{POOL}-adapters", tmp_path / "cm").start() as volume,
+        start_sim(served_model_name=BASE, max_lora_rank=8, time_scale=0) as sim,
+        start_sidecar(
+            config=volume.path("adapters.json"), engine_url=sim.url, adapter_dir=tmp_path / "ad",
+            extra=["--pod", f"{ns}/{pod}", "--report-kubeconfig", str(wrong), "--report-interval-seconds", "0.5",
+                   "--config-poll-seconds", "0.3"],
+        ) as sidecar,
+    ):  # fmt: skip
+
+        def status() -> dict[str, Any]:
+            return dict(json.loads(urllib.request.urlopen(f"{sidecar.url}/status", timeout=5).read()))
+
+        refused = wait_until("a refused report", lambda: "403" in str(status()["report"]["error"]) and status(), 30)
+        assert refused["report"]["writes"] == 0 and refused["report"]["pod"] == f"{ns}/{pod}"
+        wait_until("inline-a loaded anyway", lambda: any(
+            a["name"] == "inline-a" and a["phase"] == "Loaded" for a in status()["adapters"]), 30)  # fmt: skip
+        metrics = urllib.request.urlopen(f"{sidecar.url}/metrics", timeout=5).read().decode()
+        assert 'lorapool_sidecar_report_writes_total{result="error"}' in metrics
+        assert "Failed to report adapters on Pod" in sidecar.proc.output()

@@ -264,13 +264,21 @@ class Agent:
     # ---- HTTP --------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
-        return status_document(
+        document = status_document(
             EngineView(self.settings.engine_url, self.engine_healthy, self.restarts),
             ConfigView(str(self.settings.config_path), self.config_error, self.config_loaded_at),
             self.pool,
             self.state,
             self.rejected,
         )
+        pod = self.settings.pod
+        document["report"] = {
+            "pod": f"{pod.namespace}/{pod.name}" if pod else None,
+            "synced": self._synced,
+            "writes": self.reporter.writes if self.reporter else 0,
+            "error": self.reporter.last_error if self.reporter else None,
+        }
+        return document
 
     async def _http_status(self, request: web.Request) -> web.Response:
         return web.json_response(self.status())
