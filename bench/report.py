@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from bench import real_engine
 from bench.scenarios import LORAPOOL_AFFINITY as AFFINITY
 from bench.scenarios import LORAPOOL_ROUND_ROBIN, NOT_BASELINES, ORACLE
 from bench.targets import CAPACITY_ADDED_P99_MS, TARGETS, across, capacity, runs_by_scenario
@@ -219,7 +220,7 @@ def _overhead(data: dict[str, Any]) -> list[str]:
     return lines
 
 
-def render(data: dict[str, Any], plots_dir: str = "results") -> str:
+def render(data: dict[str, Any], plots_dir: str = "results", real_engine_section: list[str] | None = None) -> str:
     """The whole of RESULTS.md for ``data``; ``plots_dir`` is the plots' path relative to it."""
     lines = ["# Routing benchmark results", "", "Written by `bench/report.py` from `bench/results/results.json`:"]
     lines += ["do not edit by hand (`python bench/run.py --report-only` rewrites it).", ""]
@@ -236,6 +237,9 @@ def render(data: dict[str, Any], plots_dir: str = "results") -> str:
         "",
     ]
     lines += _targets(data) + _headline(data) + _scenarios(data) + _overhead(data)
+    if real_engine_section is None:  # the committed cell beside the committed results
+        real_engine_section = real_engine.section(Path(__file__).resolve().parent / "results")
+    lines += real_engine_section
     lines += ["## Plots", ""] + [f"![{f}]({plots_dir}/{f})" for f in PLOTS] + [""]
     lines += [METHOD.read_text().rstrip("\n"), ""]
     return "\n".join(lines)
@@ -311,4 +315,4 @@ def write_report(data: dict[str, Any], out: Path, report: Path) -> None:
     """Plots into ``out``, RESULTS.md at ``report``."""
     plot(data, out)
     rel = out.relative_to(report.parent) if out.is_relative_to(report.parent) else out
-    report.write_text(render(data, rel.as_posix()))
+    report.write_text(render(data, rel.as_posix(), real_engine.section(out)))

@@ -4,6 +4,7 @@
     python bench/run.py --out /tmp/r --only a-uniform-poisson --systems "lorapool affinity"
     python bench/run.py --merge --skip-overhead --only c-uniform-poisson   # re-measure some cells
     python bench/run.py --report-only                  # rewrite RESULTS.md from results.json
+    python bench/run.py --real-engine                  # the vLLM CPU cell (bench/real_engine.py), ~8 min
 
 Every run starts fresh simulator replicas (cold caches, same seed), then one system in front
 of them, then replays the same seeded open-loop schedule. See RESULTS.md for the method.
@@ -154,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         "--merge", action="store_true", help="keep OUT's results.json and replace only the cells measured now"
     )
     parser.add_argument("--report-only", action="store_true", help="rewrite RESULTS.md from OUT")
+    parser.add_argument("--real-engine", action="store_true", help="measure only the vLLM CPU cell (real_engine.json)")
     args = parser.parse_args(argv)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -164,6 +166,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     stamp = _stamp(argv)
     adapter_root = Path(os.environ.get("BENCH_ADAPTERS", ADAPTERS))
+    if args.real_engine:
+        from bench import real_engine
+
+        real_engine.run(out, adapter_root / "real-engine", stamp)
+        write_report(json.loads(results_path.read_text()), out, report)
+        return 0
     if args.overhead_only and results_path.exists():  # refresh the overhead section only
         data = json.loads(results_path.read_text())
         data["overhead"] = {**run_overhead(adapter_root), **stamp}
