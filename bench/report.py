@@ -230,6 +230,8 @@ def render(data: dict[str, Any], plots_dir: str = "results", real_engine_section
     over = data.get("overhead") or {}
     if over.get("date") and over.get("command"):
         lines.append(f"| {over['date']} | `{over['command']}` (overhead) | {over.get('machine', data['machine'])} |")
+    notes = [f"- {s['date']}: {s['note']}" for s in sessions(data) if s.get("note")]
+    lines += ["", *notes] if notes else []
     lines += [
         "",
         "Every run shared its 2 cores with other engineers' processes (builds, tests), so cells are"

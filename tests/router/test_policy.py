@@ -205,13 +205,13 @@ def test_affinity_never_exceeds_slots_while_requests_come_and_go(seed: int) -> N
     assert held > 0  # the stream does saturate the slots, so holding was exercised
 
 
-def test_affinity_holds_only_adapters_that_run_somewhere_unless_told_otherwise() -> None:
+def test_affinity_holds_every_request_that_fits_nowhere_unless_told_otherwise() -> None:
     full = [b("1", active={"x": 1, "y": 1}), b("2", active={"a": 9, "z": 1})]
     cold = [b("1", active={"x": 1, "y": 1}), b("2", active={"z": 1, "w": 1})]
     hold = build(AFFINITY).hold
-    assert hold is not None and hold(A, full) and not hold(A, cold)
-    always = build(AFFINITY, PolicyParams(hold_rule="hold-always")).hold
-    assert always is not None and always(A, cold)
+    assert hold is not None and hold(A, full) and hold(A, cold)
+    if_active = build(AFFINITY, PolicyParams(hold_rule="hold-if-active")).hold
+    assert if_active is not None and if_active(A, full) and not if_active(A, cold)
     assert build(ROUND_ROBIN, PolicyParams(hold_rule="hold-always")).hold is None  # it never holds
     with pytest.raises(ValueError, match="--hold-rule='sometimes' is not one of hold-always, hold-if-active"):
         build(AFFINITY, PolicyParams(hold_rule="sometimes"))

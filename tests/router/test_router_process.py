@@ -203,7 +203,7 @@ def test_client_disconnect_cancels_the_upstream_request(start_sim: StartSim, sta
 
 def test_a_request_waits_for_a_slot_then_binds(start_sim: StartSim, start_router: StartRouter) -> None:
     sim = start_sim(max_loras=1, time_scale=1)
-    router = start_router([sim], extra=["--max-wait", "30", "--hold-rule", "hold-always"])
+    router = start_router([sim], extra=["--max-wait", "30"])
     api = client(router)
     holder = api.completions.create(
         model="sql", prompt="x", max_tokens=60, stream=True, extra_body={"ignore_eos": True}
@@ -221,11 +221,13 @@ def test_a_request_waits_for_a_slot_then_binds(start_sim: StartSim, start_router
     assert time.monotonic() - started < 30  # bound by the holder's end, not by --max-wait
 
 
-def test_an_adapter_running_nowhere_is_sent_at_once(start_sim: StartSim, start_router: StartRouter) -> None:
-    """affinity's hold rule (hold-if-active): "chat" runs on no replica, so waiting in the router
-    groups it with nothing; it goes to the engine at once (a miss), which runs it when the slot frees."""
+def test_hold_if_active_sends_an_adapter_running_nowhere_at_once(
+    start_sim: StartSim, start_router: StartRouter
+) -> None:
+    """--hold-rule hold-if-active: "chat" runs on no replica, so it is not held; it goes to the
+    engine at once (a miss), which runs it when the slot frees."""
     sim = start_sim(max_loras=1, time_scale=1)
-    router = start_router([sim], extra=["--max-wait", "30"])
+    router = start_router([sim], extra=["--max-wait", "30", "--hold-rule", "hold-if-active"])
     api = client(router)
     holder = api.completions.create(
         model="sql", prompt="x", max_tokens=60, stream=True, extra_body={"ignore_eos": True}
@@ -242,7 +244,7 @@ def test_an_adapter_running_nowhere_is_sent_at_once(start_sim: StartSim, start_r
 
 def test_a_full_queue_answers_429_with_retry_after(start_sim: StartSim, start_router: StartRouter) -> None:
     sim = start_sim(max_loras=1, time_scale=1)
-    router = start_router([sim], extra=["--max-queued", "0", "--hold-rule", "hold-always"])
+    router = start_router([sim], extra=["--max-queued", "0"])
     api = client(router)
     holder = api.completions.create(
         model="sql", prompt="x", max_tokens=500, stream=True, extra_body={"ignore_eos": True}

@@ -1,12 +1,14 @@
 """Hold rules: when no backend may take a request now, does it wait for a slot or go at once? Pure.
 
-Holding a request in its adapter's queue pays off when the adapter runs somewhere: once a slot
-frees, the request (and its queue after it) joins that adapter's batch, and the wait replaces a
-slot change that would stall a whole batch. An adapter that runs on no replica has no batch to
-join: wherever it goes it needs a slot change, so holding it only adds the wait (regime (c) of
-the benchmark: 2,000 uniformly used adapters, where a fifth of the requests waited in the router
-for nothing). ``if-active`` sends such a request at once, best-effort (the least over-committed
-replica); ``always`` is the rule the affinity policy had before.
+``always`` (affinity's rule) holds every such request in its adapter's queue: it binds where a
+slot frees first, anywhere in the pool, and the rest of its queue follows as hits. ``if-active``
+holds only while the adapter is in flight somewhere and sends one that runs nowhere best-effort
+at once (the least over-committed replica), on the idea that waiting groups it with nothing
+(issue 12, regime (c)). Measured side by side (bench/RESULTS.md) it did the opposite: a request
+sent to a replica whose slots are all taken waits inside the engine behind that replica's
+adapters only (vLLM's max-loras rule, where it can starve) instead of for the first slot to
+free on any replica; p99 TTFT grew in (a) and (b) and (c) collapsed under load. It stays
+selectable (``--hold-rule hold-if-active``) so the benchmark can keep measuring it.
 """
 
 from __future__ import annotations

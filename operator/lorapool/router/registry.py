@@ -116,9 +116,10 @@ POLICIES: Mapping[RouterPolicy, NamedPolicy] = {
                 (*_AFFINITY_SCORERS, SLOT_PRESSURE),
                 HIGHEST_SCORE,
             ),
-            # Hold only for an adapter that runs somewhere: one that runs nowhere gains nothing
-            # from waiting (it needs a slot change wherever it goes) and is sent best-effort at once.
-            hold=IF_ACTIVE,
+            # Hold every request that fits nowhere (hold-always, the default). Issue 12 proposed
+            # hold-if-active (send an adapter that runs nowhere best-effort at once); measured side
+            # by side it cost p99 TTFT in (a) and (b) and did not help (c) (bench/RESULTS.md), so
+            # it is a --hold-rule choice, not the default.
         ),
         NamedPolicy(
             RouterPolicy.LEAST_LOADED,
