@@ -232,5 +232,15 @@ def section(results_dir: Path) -> list[str]:
     ]
     for key, label in (("loads_per_1k", "LoRA loads per 1k"), ("ttft_p50_s", "TTFT p50"), ("ttft_p99_s", "TTFT p99")):
         lines.append(f"| {label} | {_x(v.get(key))} | {_x(s.get(key))} |")
-    lines.append("")
+    lines += ["", fidelity(data["runs"]), ""]
     return lines
+
+
+def fidelity(runs: list[dict[str, Any]]) -> str:
+    """One sentence: the simulator's LoRA loads per 1k as a multiple of vLLM's, per system. Pure."""
+    loads = {(r["engine"], r["system"]): r.get("loads_per_1k") for r in runs if "error" not in r}
+    parts = []
+    for system in COMPARED:
+        sim, real = loads.get(("sim", system)), loads.get(("vllm", system))
+        parts.append(f"{system} {_x(sim / real if sim is not None and real else None)}")
+    return "Simulator's LoRA loads per 1k requests as a multiple of vLLM's: " + ", ".join(parts) + "."

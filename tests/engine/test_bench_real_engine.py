@@ -55,3 +55,4 @@ def test_section_renders_both_engines_side_by_side(tmp_path: Path) -> None:
     assert "| sim | lorapool round-robin | error: RuntimeError('did not start')" in text
     assert "| LoRA loads per 1k | 0.25x | n/a |" in text
     assert "| TTFT p99 | 0.50x | n/a |" in text
+    assert "as a multiple of vLLM's: lorapool affinity 0.50x, lorapool round-robin n/a." in text
