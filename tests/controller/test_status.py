@@ -171,3 +171,11 @@ def test_an_unchanged_pool_writes_nothing() -> None:
     again = status.model_copy(update={"conditions": merge_conditions(stored["conditions"], status.conditions, "t2")})
     assert not status_changed(stored, again.to_patch())
     assert status_changed(stored, pool_status(replace(BASE, router_ready=False)).to_patch())
+
+
+def test_an_accepted_adapter_of_a_pool_without_a_plan_says_why_it_will_not_load() -> None:
+    verdict = AdapterResult("a", "LoRAAdapter", 64, AdapterPhase.LOADING)
+    status = adapter_object_status("p", 2, verdict, blocked="spec.lora.maxLoraRank=8 is below a's rank 64")
+    ready = next(c for c in status.conditions if c.type == "Ready")
+    assert (ready.status, ready.reason) == ("False", "PoolNotServing") and "maxLoraRank=8" in ready.message
+    assert next(c for c in status.conditions if c.type == "Accepted").status == "True"

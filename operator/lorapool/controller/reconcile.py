@@ -214,7 +214,12 @@ class PoolReconciler:
             current = raw.get("status") or {}
             presence = observed.of(r.name) if r.phase != AdapterPhase.CONFLICT else NOWHERE
             status = adapter_object_status(
-                pool.metadata.name, meta.get("generation"), r, presence, routable=observed.router_ready
+                pool.metadata.name,
+                meta.get("generation"),
+                r,
+                presence,
+                routable=observed.router_ready,
+                blocked="; ".join(observed.plan_errors),
             )
             status = status.model_copy(
                 update={"conditions": merge_conditions(current.get("conditions") or [], status.conditions, _now())}

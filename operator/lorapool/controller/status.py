@@ -271,15 +271,24 @@ def adapter_reason(phase: AdapterPhase) -> str:
 
 
 def adapter_object_status(
-    pool: str, generation: int | None, r: AdapterResult, p: Presence = NOWHERE, *, routable: bool = True
+    pool: str,
+    generation: int | None,
+    r: AdapterResult,
+    p: Presence = NOWHERE,
+    *,
+    routable: bool = True,
+    blocked: str = "",
 ) -> LoRAAdapterStatus:
     """The status of one LoRAAdapter attached to ``pool``: Accepted (the verdict), Ready (an engine
-    holds it and the router serves: a request for it succeeds), Degraded (a human must act)."""
+    holds it and the router serves: a request for it succeeds), Degraded (a human must act).
+    ``blocked``: why the pool serves nothing now (its plan's problems), so no engine will load it."""
     accepted = r.phase in (AdapterPhase.LOADING, AdapterPhase.READY)
     verdict = adapter_reason(r.phase)
     phase = served_phase(r, p)
     if not accepted and r.phase != AdapterPhase.PENDING:
         ready = condition(READY, False, verdict, r.message, generation)
+    elif blocked and phase != AdapterPhase.READY:
+        ready = condition(READY, False, "PoolNotServing", f"pool {pool} cannot be served: {blocked}", generation)
     elif phase == AdapterPhase.READY and routable:
         ready = condition(READY, True, "Loaded", f"loaded on {p.loaded} ready replica(s) of pool {pool}", generation)
     elif phase == AdapterPhase.READY:
