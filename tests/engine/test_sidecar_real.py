@@ -133,15 +133,15 @@ class Sidecar:
             a = self.adapters().get(name)
             return a if a and a["phase"] == phase and all(a.get(k) == v for k, v in fields.items()) else None
 
-        return dict(
-            wait_until(
-                f"{name} {phase} {fields}",
-                check,
-                timeout_s,
-                retry_on=NOT_YET,
-                describe=lambda: f"{self.adapters().get(name)}\n{self.component.proc.output()[-2000:]}",
-            )
+        found = wait_until(
+            f"{name} {phase} {fields}",
+            check,
+            timeout_s,
+            retry_on=NOT_YET,
+            describe=lambda: f"{self.adapters().get(name)}\n{self.component.proc.output()[-2000:]}",
         )
+        assert found is not None  # wait_until returns only a truthy result
+        return found
 
 
 @pytest.fixture
