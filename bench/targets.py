@@ -58,15 +58,19 @@ def runs_by_scenario(data: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]
     """scenario -> system -> run, errors left out."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for run in data.get("runs", []):
-        if "error" not in run:
-            out.setdefault(run["scenario"], {})[run["system"]] = run
+        if "error" not in run:  # a cell without a date is from the run that wrote results.json
+            out.setdefault(run["scenario"], {})[run["system"]] = {"date": data.get("date"), **run}
     return out
 
 
 def across(a: dict[str, Any], b: dict[str, Any]) -> str:
     """A label suffix when two cells come from different runs (their dates), else ""."""
-    da, db = a.get("date"), b.get("date")
-    return f" [cells of {da} and {db}]" if da != db else ""
+    da, db = str(a.get("date")), str(b.get("date"))
+    if da == db:
+        return ""
+    if da[:10] == db[:10]:  # same day: the times say it
+        da, db = da[11:], db[11:]
+    return f" [runs of {da} and {db}]"
 
 
 def _ratio(a: float, b: float) -> float:
