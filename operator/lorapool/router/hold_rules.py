@@ -7,8 +7,10 @@ at once (the least over-committed replica), on the idea that waiting groups it w
 (issue 12, regime (c)). Measured side by side (bench/RESULTS.md) it did the opposite: a request
 sent to a replica whose slots are all taken waits inside the engine behind that replica's
 adapters only (vLLM's max-loras rule, where it can starve) instead of for the first slot to
-free on any replica; p99 TTFT grew in (a) and (b) and (c) collapsed under load. It stays
-selectable (``--hold-rule hold-if-active``) so the benchmark can keep measuring it.
+free on any replica. One run of each cell (2026-12-02 20:25): p99 TTFT grew in three of the
+four (a)/(b) cells (a-uniform 1.48 vs 0.86 s, b-zipf-poisson 1.52 vs 0.93 s), goodput moved
+both ways by a few %, and (c) collapsed (goodput 1.8 vs 12.3 req/s, p99 2.9 vs 0.23 s). It
+stays selectable (``--hold-rule hold-if-active``) so the benchmark can keep measuring it.
 """
 
 from __future__ import annotations
