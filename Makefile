@@ -14,6 +14,7 @@ run: install
 
 lint:
 	ruff check .
+	ruff format --check .
 	lint-imports
 	mypy
 
