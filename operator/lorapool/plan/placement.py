@@ -1,0 +1,219 @@
+"""k-of-N placement: which replicas hold which adapter, and how many replicas each adapter gets. Pure.
+
+Called by the operator's placement step (``controller.decide``) and by the benchmark's
+``lorapool placement`` system, so both run the same code. No I/O, no clock: the caller
+passes ``now``.
+
+Three decisions, one function each:
+
+- ``rendezvous``: the replicas in highest-random-weight order for one adapter. The weight
+  is a stable hash (blake2b) of (adapter, replica identity), so every process and every
+  release agrees, and adding or removing one replica only moves the adapters whose top-k
+  contained it: ~k/N of them.
+- ``place``: adapter -> its k holders, never more than ``capacity`` adapters on a replica
+  (a replica's ``--max-cpu-loras``: past it vLLM's CPU cache evicts and reloads from disk,
+  which is the cost placement exists to avoid).
+- ``next_k``: each adapter's k from its measured load, with hysteresis (expand fast when its
+  queue or TTFT crosses a threshold, shrink one step at a time after a cooldown and only when
+  the load per holder after the shrink stays below the lower threshold: no flapping).
+
+Replica identities are slot indices or StatefulSet ordinals ("0", "1", ...), never pod
+names: a rolling update keeps identities, so it moves nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+UNPLACED: tuple[str, ...] = ()
+
+
+def _weight(adapter: str, replica: str) -> int:
+    """The rendezvous weight of (adapter, replica): 64 bits of blake2b, identical in every process."""
+    digest = hashlib.blake2b(f"{adapter}\x00{replica}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def rendezvous(adapter: str, replicas: Sequence[str]) -> list[str]:
+    """``replicas`` (duplicates dropped) by highest random weight for ``adapter``, highest first."""
+    return sorted(dict.fromkeys(replicas), key=lambda r: (-_weight(adapter, r), r))
+
+
+def clip_k(k: int, replicas: int) -> int:
+    """k within [1, replicas] (0 when there are no replicas)."""
+    return max(1, min(k, replicas)) if replicas else 0
+
+
+def place(k_by_adapter: Mapping[str, int], replicas: Sequence[str], capacity: int) -> dict[str, tuple[str, ...]]:
+    """Adapter -> the replicas that hold it, in the adapter's rendezvous order. Deterministic.
+
+    Each adapter gets ``clip_k(k)`` holders: the first replicas of its rendezvous order that
+    still have room (at most ``capacity`` adapters per replica). With room everywhere this is
+    plain rendezvous hashing (top-k), so scaling by one replica moves ~k/N of the copies.
+
+    When capacity is short, what gives way, in this order:
+    1. First copies come before extra copies: every adapter is placed once before any adapter
+       gets a second holder (coverage before spread). A full replica is skipped and the copy
+       goes to the adapter's next replica in rendezvous order.
+    2. Extra copies are handed out one round at a time (second copies, then third, ...);
+       an extra copy that finds no replica with room is dropped: the adapter gets fewer than k.
+    3. An adapter that finds no room even for its first copy (more adapters than
+       ``len(replicas) * capacity``) maps to ``UNPLACED`` (an empty tuple).
+    Within a round, adapters with a larger k go first (they carry more load), ties by name.
+    """
+    ids = list(dict.fromkeys(replicas))
+    if capacity < 0:
+        raise ValueError(f"capacity={capacity} must be >= 0 (a replica's --max-cpu-loras)")
+    want = {a: clip_k(k, len(ids)) for a, k in k_by_adapter.items()}
+    order = sorted(want, key=lambda a: (-want[a], a))
+    ranked = {a: rendezvous(a, ids) for a in order}
+    load = dict.fromkeys(ids, 0)
+    held: dict[str, list[str]] = {a: [] for a in order}
+    cursor = dict.fromkeys(order, 0)  # next rendezvous position to try, per adapter
+    for copy in range(max(want.values(), default=0)):
+        for adapter in order:
+            if want[adapter] <= copy or len(held[adapter]) < copy:
+                continue  # wants no more copies, or an earlier copy already found no room
+            candidates = ranked[adapter]
+            while cursor[adapter] < len(candidates) and load[candidates[cursor[adapter]]] >= capacity:
+                cursor[adapter] += 1
+            if cursor[adapter] == len(candidates):
+                continue
+            chosen = candidates[cursor[adapter]]
+            cursor[adapter] += 1
+            held[adapter].append(chosen)
+            load[chosen] += 1
+    return {a: tuple(held[a]) for a in sorted(held)}
+
+
+def shares(placement: Mapping[str, Sequence[str]], replicas: Iterable[str] = ()) -> dict[str, tuple[str, ...]]:
+    """Replica -> the adapters it holds (sorted): what each replica's sidecar is told to load.
+
+    ``replicas`` lists identities that get an entry even when they hold nothing.
+    """
+    out: dict[str, list[str]] = {r: [] for r in replicas}
+    for adapter, holders in placement.items():
+        for replica in holders:
+            out.setdefault(replica, []).append(adapter)
+    return {r: tuple(sorted(a)) for r, a in sorted(out.items())}
+
+
+def moves(before: Mapping[str, Sequence[str]], after: Mapping[str, Sequence[str]]) -> int:
+    """Adapter copies ``after`` places on a replica that did not hold them ``before``: the loads it costs."""
+    return sum(len(set(holders) - set(before.get(adapter, ()))) for adapter, holders in after.items())
+
+
+@dataclass(frozen=True)
+class AdapterLoad:
+    """One adapter's load over the last window, pool-wide.
+
+    ``waiting`` is the mean number of its requests queued (router hold queue plus engine
+    waiting) across all replicas; ``ttft_p99_s`` is None when no request finished in the window.
+    """
+
+    requests_per_s: float
+    waiting: float
+    ttft_p99_s: float | None = None
+
+
+IDLE = AdapterLoad(requests_per_s=0.0, waiting=0.0, ttft_p99_s=None)
+
+
+@dataclass(frozen=True)
+class ScalingRule:
+    """When an adapter gets more or fewer replicas.
+
+    Thresholds are per holder (``waiting / k``), so a hot adapter spread over k replicas is
+    compared with what one replica can absorb.
+
+    - Expand when waiting per holder > ``expand_waiting`` or p99 TTFT > ``expand_ttft_p99_s``;
+      at most once per ``expand_interval_s`` (time for new holders to load and take traffic);
+      k grows in proportion to the excess, at most doubling per step, at least +1.
+    - Shrink by one after ``cooldown_s`` since the last change, and only when waiting per holder
+      *after* the shrink stays <= ``shrink_waiting`` and p99 TTFT (when known) <= ``shrink_ttft_p99_s``.
+      ``shrink_* < expand_*`` is the hysteresis band: a shrink can never satisfy an expand.
+    - k stays in [``k_min``, ``k_max``]; ``place`` clips it further to the pool's size.
+    """
+
+    expand_waiting: float = 4.0
+    shrink_waiting: float = 1.0
+    expand_ttft_p99_s: float | None = 2.0
+    shrink_ttft_p99_s: float | None = 1.0
+    expand_interval_s: float = 5.0
+    cooldown_s: float = 300.0
+    k_min: int = 1
+    k_max: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not 1 <= self.k_min <= self.k_max:
+            problems.append(f"k_min={self.k_min}, k_max={self.k_max}: need 1 <= k_min <= k_max")
+        if not 0 <= self.shrink_waiting < self.expand_waiting:
+            problems.append(
+                f"shrink_waiting={self.shrink_waiting} must be >= 0 and below expand_waiting={self.expand_waiting}"
+                " (the hysteresis band)"
+            )
+        if (self.expand_ttft_p99_s is None) != (self.shrink_ttft_p99_s is None):
+            problems.append("expand_ttft_p99_s and shrink_ttft_p99_s are set together or not at all")
+        elif (
+            self.expand_ttft_p99_s is not None
+            and self.shrink_ttft_p99_s is not None
+            and not 0 < self.shrink_ttft_p99_s < self.expand_ttft_p99_s
+        ):
+            problems.append(
+                f"shrink_ttft_p99_s={self.shrink_ttft_p99_s} must be > 0 and below "
+                f"expand_ttft_p99_s={self.expand_ttft_p99_s} (the hysteresis band)"
+            )
+        if self.expand_interval_s < 0 or self.cooldown_s < 0:
+            problems.append(f"expand_interval_s={self.expand_interval_s}, cooldown_s={self.cooldown_s} must be >= 0")
+        if problems:
+            raise ValueError("ScalingRule: " + "; ".join(problems))
+
+
+@dataclass(frozen=True)
+class KState:
+    """An adapter's current k and when it last changed (seconds, the caller's clock)."""
+
+    k: int
+    changed_at_s: float
+
+
+def _pressure(load: AdapterLoad, k: int, rule: ScalingRule) -> float:
+    """How far over the expand thresholds the adapter is (> 1: expand), the larger of queue and TTFT."""
+    ratio = (load.waiting / k) / rule.expand_waiting
+    if rule.expand_ttft_p99_s is not None and load.ttft_p99_s is not None:
+        ratio = max(ratio, load.ttft_p99_s / rule.expand_ttft_p99_s)
+    return ratio
+
+
+def _calm_after_shrink(load: AdapterLoad, k: int, rule: ScalingRule) -> bool:
+    """True when k-1 holders would still sit below the shrink thresholds."""
+    if load.waiting / (k - 1) > rule.shrink_waiting:
+        return False
+    return rule.shrink_ttft_p99_s is None or load.ttft_p99_s is None or load.ttft_p99_s <= rule.shrink_ttft_p99_s
+
+
+def step_k(current: KState | None, load: AdapterLoad, now: float, rule: ScalingRule) -> KState:
+    """One adapter's next k (see ``ScalingRule``). A new adapter starts at ``k_min``, free to expand at once."""
+    k = min(max(current.k if current else rule.k_min, rule.k_min), rule.k_max)
+    since = now - current.changed_at_s if current else math.inf
+    changed_at = current.changed_at_s if current else now
+    pressure = _pressure(load, k, rule)
+    if pressure > 1.0 and k < rule.k_max and since >= rule.expand_interval_s:
+        grown = min(rule.k_max, 2 * k, max(k + 1, math.ceil(k * pressure)))
+        return KState(grown, now)
+    if k > rule.k_min and since >= rule.cooldown_s and _calm_after_shrink(load, k, rule):
+        return KState(k - 1, now)
+    if current is not None and k != current.k:  # k_min/k_max moved under it
+        return KState(k, now)
+    return KState(k, changed_at)
+
+
+def next_k(
+    state: Mapping[str, KState], load: Mapping[str, AdapterLoad], now: float, rule: ScalingRule
+) -> dict[str, KState]:
+    """Every adapter's next k: those in ``state`` or ``load`` (an adapter without load is idle)."""
+    return {a: step_k(state.get(a), load.get(a, IDLE), now, rule) for a in sorted(set(state) | set(load))}
