@@ -13,6 +13,11 @@ writes, in one strategic-merge patch of its Pod's ``status`` subresource,
   readiness gate, so a pod joins the Service with its adapters, while a broken adapter
   (which fails on every replica alike) keeps no pod out.
 
+- under the annotation's key ``obs``, the engine's **observations** over the last closed window
+  (``Observations``: distinct adapters in flight, slot waits, KV usage, preemptions, per-adapter
+  load), read by sizing (``lorapool.plan.sizing``) and placement. They change once per window,
+  so they cost one write per window, never one per scrape.
+
 The operator aggregates the annotations of Ready engine pods into ``loadedReplicas`` and the
 adapters' conditions; the router may read the same annotation to route by state. Identities
 are ``adapter_identity(source, revision, sha256)`` cut to ``ID_CHARS``: the operator computes
@@ -71,11 +76,72 @@ class AdapterReport:
 
 
 @dataclass(frozen=True)
+class AdapterLoad:
+    """One adapter's load on one replica over a window, in seconds of that window.
+
+    ``inflight_s``: how long the engine listed it with a request in flight (running or waiting);
+    its share of the window is the adapter's mean presence in the batch, the load placement reads.
+    ``waiting_s``: how long it was listed waiting and *not* running, i.e. waiting for a GPU slot or
+    for KV cache. vLLM 0.32 lists every in-flight adapter in both ``running_lora_adapters`` and
+    ``waiting_lora_adapters`` (tests/conformance), so on that engine this is always 0: the split is
+    not observable there, only presence is.
+    """
+
+    inflight_s: float
+    waiting_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Observations:
+    """What one engine saw over one closed window, from its own ``/metrics`` sampled every few seconds.
+
+    Fields (wire key in brackets):
+
+    - ``window_s`` [w], ``end`` [t] (Unix seconds when the window closed), ``samples`` [n];
+    - ``max_loras`` [L]: the engine's ``max_lora`` label (its --max-loras), None when it has no LoRA;
+    - ``distinct_p50`` / ``distinct_p95`` / ``distinct_max`` [d]: distinct adapters with a request
+      in flight per sample (vllm:lora_requests_info, latest series). This is slot *demand*: it may
+      exceed ``max_loras`` when requests wait for a slot; the running batch holds at most
+      ``max_loras`` of them;
+    - ``slot_wait_s`` [sw]: seconds of the window during which requests waited
+      (vllm:num_requests_waiting > 0) while more adapters were in flight than slots and the KV
+      cache was not full (vllm:kv_cache_usage_perc < ``KV_FREE_BELOW``): waits more slots would end;
+    - ``kv_wait_s`` [kw]: seconds during which requests waited while the KV cache was full: waits
+      more slots would make worse (every slot takes KV cache);
+    - ``kv_usage_p50`` / ``kv_usage_p95`` / ``kv_usage_max`` [kv]: vllm:kv_cache_usage_perc (0-1);
+    - ``running_p95`` / ``waiting_p95`` [q]: vllm:num_requests_running / _waiting;
+    - ``preemptions`` [p]: increase of vllm:num_preemptions_total over the window (KV pressure);
+    - ``adapters`` [a]: ``AdapterLoad`` per adapter seen in flight in the window (others: absent).
+    """
+
+    window_s: float
+    end: float
+    samples: int
+    max_loras: int | None
+    distinct_p50: float
+    distinct_p95: float
+    distinct_max: int
+    slot_wait_s: float
+    kv_wait_s: float
+    kv_usage_p50: float
+    kv_usage_p95: float
+    kv_usage_max: float
+    running_p95: float
+    waiting_p95: float
+    preemptions: int
+    adapters: Mapping[str, AdapterLoad] = field(default_factory=dict)
+
+
+KV_FREE_BELOW = 0.9  # KV usage below this counts as "KV cache free": vLLM preempts near 1.0
+
+
+@dataclass(frozen=True)
 class ReplicaReport:
     """Everything one sidecar reports about its engine."""
 
     engine_healthy: bool
     adapters: Mapping[str, AdapterReport] = field(default_factory=dict)
+    observations: Observations | None = None
 
     def holds(self, name: str, identity: str) -> bool:
         """True when the engine holds ``name`` at ``identity`` (full or short)."""
@@ -109,6 +175,8 @@ def encode(report: ReplicaReport) -> str:
         adapters[name] = entry
     doc: dict[str, Any] = {"v": REPORT_VERSION, "engine": "Healthy" if report.engine_healthy else "Unhealthy"}
     doc["adapters"] = adapters
+    if report.observations is not None:
+        doc["obs"] = _encode_observations(report.observations)
     text = json.dumps(doc, separators=(",", ":"), sort_keys=True)
     if len(text) > MAX_DOCUMENT_BYTES:
         for entry in adapters.values():
@@ -136,7 +204,59 @@ def decode(text: str | None) -> ReplicaReport | None:
         }
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
-    return ReplicaReport(engine_healthy=doc.get("engine") == "Healthy", adapters=adapters)
+    return ReplicaReport(
+        engine_healthy=doc.get("engine") == "Healthy",
+        adapters=adapters,
+        observations=_decode_observations(doc.get("obs")),
+    )
+
+
+def _r(x: float, digits: int = 2) -> float:
+    return round(float(x), digits)
+
+
+def _encode_observations(o: Observations) -> dict[str, Any]:
+    return {
+        "w": _r(o.window_s, 1),
+        "t": _r(o.end, 0),
+        "n": o.samples,
+        "L": o.max_loras,
+        "d": [_r(o.distinct_p50, 1), _r(o.distinct_p95, 1), o.distinct_max],
+        "sw": _r(o.slot_wait_s, 1),
+        "kw": _r(o.kv_wait_s, 1),
+        "kv": [_r(o.kv_usage_p50, 3), _r(o.kv_usage_p95, 3), _r(o.kv_usage_max, 3)],
+        "q": [_r(o.running_p95, 1), _r(o.waiting_p95, 1)],
+        "p": o.preemptions,
+        "a": {name: [_r(a.inflight_s, 1), _r(a.waiting_s, 1)] for name, a in sorted(o.adapters.items())},
+    }
+
+
+def _decode_observations(raw: Any) -> Observations | None:
+    """Observations from the ``obs`` key; None when absent or unreadable (reports stay readable)."""
+    if not isinstance(raw, dict):
+        return None
+    try:
+        d, kv, q = raw["d"], raw["kv"], raw["q"]
+        return Observations(
+            window_s=float(raw["w"]),
+            end=float(raw["t"]),
+            samples=int(raw["n"]),
+            max_loras=int(raw["L"]) if raw.get("L") is not None else None,
+            distinct_p50=float(d[0]),
+            distinct_p95=float(d[1]),
+            distinct_max=int(d[2]),
+            slot_wait_s=float(raw["sw"]),
+            kv_wait_s=float(raw["kw"]),
+            kv_usage_p50=float(kv[0]),
+            kv_usage_p95=float(kv[1]),
+            kv_usage_max=float(kv[2]),
+            running_p95=float(q[0]),
+            waiting_p95=float(q[1]),
+            preemptions=int(raw["p"]),
+            adapters={str(name): AdapterLoad(float(v[0]), float(v[1])) for name, v in (raw.get("a") or {}).items()},
+        )
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return None
 
 
 def pod_report(pod: Mapping[str, Any]) -> ReplicaReport | None:

@@ -54,7 +54,7 @@ from lorapool.sidecar.core import (
 )
 from lorapool.sidecar.engine import EngineClient, EngineError
 from lorapool.sidecar.metrics import SidecarMetrics
-from lorapool.sidecar.reporter import PodRef, Reporter, api_server
+from lorapool.sidecar.reporter import Observer, PodRef, Reporter, api_server
 from lorapool.sources import AdapterStore, ChecksumMismatch, Downloader, Fetched, Limits, SourceOptions, redact_url
 from lorapool.sources.layout import CONFIG_FILE
 
@@ -83,6 +83,8 @@ class Settings:
     pod: PodRef | None = None  # report on this Pod (lorapool.api.report); None: do not report
     report_kubeconfig: Path | None = None  # None: in-cluster credentials
     report_interval_s: float = 2.0  # at most one report write per this many seconds
+    observe_window_s: float = 60.0  # the report's observations cover this long (one write per window)
+    observe_sample_s: float = 2.0  # engine /metrics scraped this often for the observations
 
 
 class _Refused(Exception):
@@ -159,6 +161,9 @@ class Agent:
         self._synced = False  # the readiness latch: first sync since the engine (re)started is over
         self._synced_shown: tuple[bool, str] | None = None  # (status, lastTransitionTime) last built
         self.reporter: Reporter | None = None
+        self.observer = Observer(
+            settings.engine_url, window_s=settings.observe_window_s, sample_s=settings.observe_sample_s, clock=clock
+        )
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -189,6 +194,7 @@ class Agent:
             ]
             if (reporter := self._make_reporter()) is not None:
                 watchers.append(asyncio.create_task(reporter.run(stop)))
+                watchers.append(asyncio.create_task(self.observer.run(stop)))
             log.info(
                 "Started sidecar",
                 extra={"kv": {"engine": s.engine_url, "config": str(s.config_path), "adapterDir": str(s.adapter_dir)}},
@@ -232,6 +238,7 @@ class Agent:
         if self._synced_shown is None or self._synced_shown[0] != synced.status:
             self._synced_shown = (synced.status, rfc3339(self.clock()) or "")
         report = replica_report(desired, self.state, self.rejected, engine_healthy=self.engine_healthy)
+        report = replace(report, observations=self.observer.latest)
         return {
             "metadata": {"annotations": {ANNOTATION: encode(report)}},
             "status": {

@@ -47,6 +47,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--report-interval-seconds", type=float, default=2.0, help="at most one report write per this long"
     )
+    parser.add_argument(
+        "--observe-window-seconds",
+        type=float,
+        default=60.0,
+        help="the report's engine observations (slot demand, slot waits, KV usage) cover this long",
+    )
     parser.add_argument("--seed", type=int, default=None, help="seed the backoff jitter (tests)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
@@ -85,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
         pod=pod,
         report_kubeconfig=args.report_kubeconfig,
         report_interval_s=args.report_interval_seconds,
+        observe_window_s=args.observe_window_seconds,
     )
 
     async def main() -> None:

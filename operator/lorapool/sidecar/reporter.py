@@ -11,6 +11,10 @@ Credentials: ``--report-kubeconfig`` (local playground and tests: a ServiceAccou
 kubeconfig), else in-cluster (``KUBERNETES_SERVICE_HOST`` and the token file, re-read before
 each write because the kubelet rotates it). The Pod: ``--pod NAMESPACE/NAME``, else
 ``$POD_NAMESPACE``/``$POD_NAME`` from the downward API. Without a Pod, reporting is off.
+
+``Observer`` scrapes the engine's own ``/metrics`` next to the sidecar (loopback in the pod)
+every ``sample_s`` and keeps the last closed window's ``Observations`` (``sidecar.observations``);
+the report carries them, so they change, and cost a write, once per window.
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ from typing import Any
 
 import aiohttp
 
+from lorapool.api.report import Observations
 from lorapool.sidecar.core import Pacer
+from lorapool.sidecar.observations import Window, parse_sample
 
 log = logging.getLogger("lorapool.sidecar")
 
@@ -159,3 +165,51 @@ class Reporter:
             log.info("Reported adapters on Pod again", extra={"kv": {"pod": f"{self.pod.namespace}/{self.pod.name}"}})
         self.last_error = None
         self.on_write(True)
+
+
+class Observer:
+    """Samples the engine's ``/metrics`` every ``sample_s``; ``latest`` is the last closed window."""
+
+    def __init__(
+        self,
+        engine_url: str,
+        *,
+        window_s: float = 60.0,
+        sample_s: float = 2.0,
+        timeout_s: float = 5.0,
+        headers: dict[str, str] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.url = engine_url.rstrip("/") + "/metrics"
+        self.window = Window(window_s=window_s, max_gap_s=max(5 * sample_s, 10.0))
+        self.sample_s = sample_s
+        self.timeout_s = timeout_s
+        self.headers = headers or {}
+        self.clock = clock
+        self.latest: Observations | None = None
+        self.last_error: str | None = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while not stop.is_set():
+                await self.sample(session)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.sample_s)
+
+    async def sample(self, session: aiohttp.ClientSession) -> None:
+        """One scrape; a failed one is skipped (the window's time weights absorb the gap)."""
+        try:
+            async with session.get(self.url, headers=self.headers) as resp:
+                if resp.status != 200:
+                    raise RuntimeError(f"HTTP {resp.status} from {self.url}")
+                sample = parse_sample(await resp.text())
+        except (aiohttp.ClientError, TimeoutError, RuntimeError, OSError, ValueError) as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            if error != self.last_error:
+                log.warning("Failed to read engine metrics", extra={"kv": {"url": self.url, "error": error}})
+            self.last_error = error
+            return
+        self.last_error = None
+        if (closed := self.window.add(sample, self.clock())) is not None:
+            self.latest = closed

@@ -1,0 +1,181 @@
+"""An engine's observations over a window, from samples of its ``/metrics`` page. Pure.
+
+The sidecar's ``reporter.Observer`` scrapes the engine next to it (loopback inside the pod:
+nothing outside the pod polls an engine) and feeds each page to ``Window``; when a window
+closes its summary (``api.report.Observations``) goes into the sidecar's report, the one
+channel sizing and placement read.
+
+Which vLLM signals are trustworthy (checked against vLLM 0.32's CPU build in tests/conformance):
+
+- ``vllm:num_requests_running`` / ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``
+  and the ``vllm:num_preemptions_total`` counter: exact, read as they are;
+- ``vllm:lora_requests_info``: one series per label set whose value is the time it was last
+  set; older label sets stay on the page, so only the series with the largest value counts.
+  Its ``max_lora`` label is the engine's --max-loras. Its adapter lists are *in-flight* sets:
+  vLLM 0.32 lists every adapter with a request in flight in BOTH ``running_lora_adapters`` and
+  ``waiting_lora_adapters``. So the number of distinct adapters in flight (slot demand) is
+  trustworthy, which adapter is running and which waits is not; an adapter is counted waiting
+  only when listed waiting and not running (engines that keep the lists apart);
+- the lists are a snapshot of the last engine step, not of the scrape instant: an idle
+  engine keeps showing the last set until its next step, so a window needs many samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from lorapool.api.report import KV_FREE_BELOW, AdapterLoad, Observations
+
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+PREEMPTIONS = ("vllm:num_preemptions_total", "vllm:num_preemptions")
+LORA_INFO = "vllm:lora_requests_info"
+_WANTED = (RUNNING, WAITING, *KV_USAGE, *PREEMPTIONS, LORA_INFO)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One scrape, reduced to what sizing needs."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
+    preemptions_total: float = 0.0
+    max_loras: int | None = None
+    inflight: frozenset[str] = frozenset()  # running or waiting adapters (vLLM lists both alike)
+    waiting_only: frozenset[str] = frozenset()  # listed waiting and not running
+
+    @property
+    def slot_bound(self) -> bool:
+        """Requests wait, more adapters are in flight than slots, and the KV cache has room."""
+        return (
+            self.waiting > 0
+            and self.max_loras is not None
+            and len(self.inflight) > self.max_loras
+            and self.kv_usage < KV_FREE_BELOW
+        )
+
+    @property
+    def kv_bound(self) -> bool:
+        """Requests wait while the KV cache is full: more slots would only take memory from it."""
+        return self.waiting > 0 and self.kv_usage >= KV_FREE_BELOW
+
+
+def _names(value: str) -> frozenset[str]:
+    return frozenset(n.strip() for n in value.split(",") if n.strip())
+
+
+def parse_sample(text: str) -> Sample:
+    """Parse an engine's /metrics page; missing series keep their defaults, junk raises ValueError."""
+    lines = "\n".join(line for line in text.splitlines() if line.startswith(_WANTED)) + "\n"
+    running = waiting = kv = preemptions = 0.0
+    info: tuple[float, dict[str, str]] | None = None
+    for family in text_string_to_metric_families(lines):
+        for s in family.samples:
+            if s.name == RUNNING:
+                running += s.value
+            elif s.name == WAITING:
+                waiting += s.value
+            elif s.name in KV_USAGE:
+                kv = max(kv, s.value)
+            elif s.name in PREEMPTIONS:
+                preemptions += s.value
+            elif s.name == LORA_INFO and (info is None or s.value >= info[0]):
+                info = (s.value, dict(s.labels))
+    max_loras: int | None = None
+    inflight = waiting_only = frozenset[str]()
+    if info is not None:
+        labels = info[1]
+        raw = labels.get("max_lora", "")
+        max_loras = int(raw) if raw.isdigit() and int(raw) > 0 else None
+        run, wait = _names(labels.get("running_lora_adapters", "")), _names(labels.get("waiting_lora_adapters", ""))
+        inflight, waiting_only = run | wait, wait - run
+    return Sample(
+        running=int(running),
+        waiting=int(waiting),
+        kv_usage=min(max(kv, 0.0), 1.0),
+        preemptions_total=preemptions,
+        max_loras=max_loras,
+        inflight=inflight,
+        waiting_only=waiting_only,
+    )
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0-100) of ``values``; 0 when empty."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * q // 100))  # ceil(n*q/100), at least the first
+    return float(ordered[int(rank) - 1])
+
+
+@dataclass
+class Window:
+    """Tumbling windows of ``window_s`` seconds; ``add`` returns the summary of a window it closes.
+
+    Each sample counts for the time since the previous one, capped at ``max_gap_s`` so that a
+    stalled scraper does not credit one sample with minutes.
+    """
+
+    window_s: float = 60.0
+    max_gap_s: float = 10.0
+    start: float | None = None
+    _last_t: float | None = None
+    _samples: list[Sample] = field(default_factory=list)
+    _dt: list[float] = field(default_factory=list)
+    _first_preemptions: float | None = None
+
+    def add(self, sample: Sample, t: float) -> Observations | None:
+        """Record ``sample`` scraped at Unix time ``t``; the closed window's summary when ``t`` ends one."""
+        if self.start is None:
+            self.start, self._first_preemptions = t, sample.preemptions_total
+        dt = 0.0 if self._last_t is None else min(max(t - self._last_t, 0.0), self.max_gap_s)
+        self._last_t = t
+        self._samples.append(sample)
+        self._dt.append(dt)
+        if t - self.start < self.window_s:
+            return None
+        summary = summarize(self._samples, self._dt, window_s=t - self.start, end=t, first=self._first_preemptions)
+        self.start, self._first_preemptions = t, sample.preemptions_total
+        self._samples, self._dt = [sample], [0.0]
+        return summary
+
+
+def summarize(
+    samples: Sequence[Sample], dt: Sequence[float], *, window_s: float, end: float, first: float | None = None
+) -> Observations:
+    """The window's ``Observations``; ``dt[i]`` is the time sample ``i`` stands for."""
+    distinct = [len(s.inflight) for s in samples]
+    kv = [s.kv_usage for s in samples]
+    inflight_s: dict[str, float] = {}
+    waiting_s: dict[str, float] = {}
+    for s, d in zip(samples, dt, strict=True):
+        for name in s.inflight:
+            inflight_s[name] = inflight_s.get(name, 0.0) + d
+        for name in s.waiting_only:
+            waiting_s[name] = waiting_s.get(name, 0.0) + d
+    start_preemptions = samples[0].preemptions_total if first is None else first
+    max_loras = next((s.max_loras for s in reversed(samples) if s.max_loras is not None), None)
+    return Observations(
+        window_s=window_s,
+        end=end,
+        samples=len(samples),
+        max_loras=max_loras,
+        distinct_p50=percentile(distinct, 50),
+        distinct_p95=percentile(distinct, 95),
+        distinct_max=max(distinct, default=0),
+        slot_wait_s=sum(d for s, d in zip(samples, dt, strict=True) if s.slot_bound),
+        kv_wait_s=sum(d for s, d in zip(samples, dt, strict=True) if s.kv_bound),
+        kv_usage_p50=percentile(kv, 50),
+        kv_usage_p95=percentile(kv, 95),
+        kv_usage_max=max(kv, default=0.0),
+        running_p95=percentile([s.running for s in samples], 95),
+        waiting_p95=percentile([s.waiting for s in samples], 95),
+        preemptions=max(0, int(samples[-1].preemptions_total - start_preemptions)) if samples else 0,
+        adapters={name: AdapterLoad(inflight_s[name], waiting_s.get(name, 0.0)) for name in sorted(inflight_s)},
+    )
