@@ -1,0 +1,273 @@
+"""k-of-N placement: rendezvous order, capacity bounds, stability under scale, k with hysteresis."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from collections import Counter
+
+import pytest
+
+from lorapool.plan.placement import (
+    IDLE,
+    UNPLACED,
+    AdapterLoad,
+    KState,
+    ScalingRule,
+    moves,
+    next_k,
+    place,
+    rendezvous,
+    shares,
+    step_k,
+)
+
+
+def ids(n: int) -> list[str]:
+    return [str(i) for i in range(n)]
+
+
+def catalog(n: int, k: int | None = None, seed: int = 7) -> dict[str, int]:
+    """n adapters; k each, or a seeded mix of 1-4."""
+    rng = random.Random(seed)
+    return {f"adapter-{i:05d}": k if k is not None else rng.choice((1, 1, 1, 2, 3, 4)) for i in range(n)}
+
+
+# --- rendezvous ---------------------------------------------------------------------------------
+
+
+def test_rendezvous_is_a_stable_hash_pinned_across_processes_and_releases() -> None:
+    # Pinned: a change here reshuffles every pool's placement on upgrade (a reload storm).
+    assert rendezvous("sql-coder", ids(4)) == ["3", "2", "0", "1"]
+
+
+def test_rendezvous_ignores_input_order_and_duplicates() -> None:
+    replicas = ids(12)
+    shuffled = replicas[::-1] + replicas[:3]
+    assert rendezvous("chat", shuffled) == rendezvous("chat", replicas)
+    assert sorted(rendezvous("chat", shuffled)) == sorted(replicas)
+
+
+def test_rendezvous_spreads_first_choices_evenly() -> None:
+    firsts = Counter(rendezvous(f"a{i}", ids(8))[0] for i in range(8000))
+    assert set(firsts) == set(ids(8))
+    assert max(firsts.values()) < 1.15 * 1000 and min(firsts.values()) > 0.85 * 1000, firsts
+
+
+# --- place: k and capacity ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("k", "replicas", "holders"),
+    [
+        pytest.param(1, 4, 1, id="k=1"),
+        pytest.param(3, 4, 3, id="k=3-of-4"),
+        pytest.param(0, 4, 1, id="k=0-clipped-to-1"),
+        pytest.param(-5, 4, 1, id="negative-k-clipped-to-1"),
+        pytest.param(9, 4, 4, id="k-above-N-clipped-to-N"),
+        pytest.param(2, 0, 0, id="no-replicas-places-nowhere"),
+    ],
+)
+def test_place_clips_k_to_the_pool(k: int, replicas: int, holders: int) -> None:
+    got = place({"a": k}, ids(replicas), capacity=100)
+    assert len(got["a"]) == holders
+    assert list(got["a"]) == rendezvous("a", ids(replicas))[:holders]
+
+
+def test_place_with_room_is_plain_top_k_rendezvous() -> None:
+    want = catalog(300)
+    got = place(want, ids(10), capacity=10_000)
+    for adapter, k in want.items():
+        assert list(got[adapter]) == rendezvous(adapter, ids(10))[:k], adapter
+
+
+def test_place_is_deterministic_whatever_the_input_order() -> None:
+    want = catalog(400)
+    reordered = dict(reversed(list(want.items())))
+    assert place(want, ids(9), 60) == place(reordered, ids(9)[::-1], 60)
+
+
+@pytest.mark.parametrize(
+    ("adapters", "replicas", "capacity"),
+    [
+        pytest.param(1000, 16, 100, id="1000-over-16-cap-100-room"),
+        pytest.param(1000, 16, 70, id="1000-over-16-cap-70-tight"),
+        pytest.param(1000, 16, 63, id="1000-over-16-cap-63-first-copies-only-just-fit"),
+        pytest.param(50, 4, 5, id="50-over-4-cap-5-overfull"),
+        pytest.param(10, 3, 0, id="cap-0"),
+    ],
+)
+def test_no_replica_holds_more_than_its_capacity(adapters: int, replicas: int, capacity: int) -> None:
+    got = place(catalog(adapters), ids(replicas), capacity)
+    held = shares(got, ids(replicas))
+    assert max(len(a) for a in held.values()) <= capacity
+    for adapter, holders in got.items():
+        assert len(set(holders)) == len(holders), adapter  # never two copies on one replica
+
+
+def test_when_capacity_is_short_extra_copies_give_way_before_any_adapter_is_left_out() -> None:
+    # 4 replicas x 3 = 12 places; 10 adapters want 2 each (20 copies): every adapter gets one copy.
+    got = place({f"a{i}": 2 for i in range(10)}, ids(4), capacity=3)
+    assert all(len(h) >= 1 for h in got.values())
+    assert sum(len(h) for h in got.values()) == 12
+    assert sorted(len(h) for h in got.values()) == [1] * 8 + [2] * 2
+
+
+def test_when_adapters_outnumber_all_places_the_rest_are_unplaced_larger_k_first() -> None:
+    want = {"hot": 3, **{f"cold{i}": 1 for i in range(7)}}
+    got = place(want, ids(2), capacity=3)  # 6 places for 8 adapters
+    assert got["hot"] != UNPLACED
+    assert sum(1 for h in got.values() if h == UNPLACED) == 2
+    assert [a for a, h in got.items() if h == UNPLACED] == ["cold5", "cold6"]  # ties by name, last give way
+
+
+def test_a_full_replica_is_skipped_for_the_next_in_rendezvous_order() -> None:
+    want = {f"a{i}": 1 for i in range(12)}
+    got = place(want, ids(3), capacity=4)
+    assert Counter(h[0] for h in got.values()) == {"0": 4, "1": 4, "2": 4}
+    for adapter, (holder,) in got.items():
+        order = rendezvous(adapter, ids(3))
+        assert holder in order  # the adapter's own order, shifted past full replicas only
+        assert all(len([a for a, h in got.items() if h == (r,)]) == 4 for r in order[: order.index(holder)])
+
+
+def test_negative_capacity_is_refused_with_the_flag_named() -> None:
+    with pytest.raises(ValueError, match="max-cpu-loras"):
+        place({"a": 1}, ids(2), capacity=-1)
+
+
+# --- stability: a rolling update moves nothing, scaling by one moves ~1/N ------------------------
+
+
+def test_a_rolling_update_moves_nothing() -> None:
+    # Pods are replaced, identities (slot indices) stay: same placement, zero loads.
+    want = catalog(1000)
+    assert moves(place(want, ids(16), 120), place(want, ids(16), 120)) == 0
+
+
+@pytest.mark.parametrize(
+    ("headroom", "bound"),
+    [(100.0, 1.3), (1.2, 2.0), (1.05, 2.0)],
+    ids=["room", "20%-headroom", "5%-headroom"],
+)
+@pytest.mark.parametrize("n", [8, 16, 32], ids=lambda n: f"N={n}")
+def test_scaling_up_by_one_moves_about_one_nth(n: int, headroom: float, bound: float) -> None:
+    """Capacity = the mean share x headroom: tight capacity spills a little, never a reshuffle."""
+    want = catalog(1000)
+    copies = sum(min(k, n) for k in want.values())
+    capacity = math.ceil(copies / n * headroom)
+    before, after = place(want, ids(n), capacity), place(want, ids(n + 1), capacity)
+    assert all(before.values()) and all(after.values())
+    ideal = copies / (n + 1)  # the new replica takes its fair share; nothing else moves
+    measured = moves(before, after)
+    assert 0.5 * ideal <= measured <= bound * ideal, (measured, ideal)
+
+
+@pytest.mark.parametrize("n", [8, 16, 32], ids=lambda n: f"N={n}")
+def test_scaling_down_by_one_moves_only_what_the_removed_replica_held(n: int) -> None:
+    want = catalog(1000)
+    before, after = place(want, ids(n + 1), 10_000), place(want, ids(n), 10_000)
+    on_removed = len(shares(before).get(str(n), ()))
+    assert moves(before, after) == on_removed  # with room, each of its copies lands once elsewhere
+    assert on_removed == pytest.approx(sum(len(h) for h in before.values()) / (n + 1), rel=0.3)
+
+
+def test_shares_inverts_a_placement_and_lists_empty_replicas() -> None:
+    got = shares({"b": ("0", "1"), "a": ("1",)}, ids(3))
+    assert got == {"0": ("b",), "1": ("a", "b"), "2": ()}
+
+
+# --- k from load, with hysteresis ---------------------------------------------------------------
+
+RULE = ScalingRule(
+    expand_waiting=4.0,
+    shrink_waiting=1.0,
+    expand_ttft_p99_s=2.0,
+    shrink_ttft_p99_s=1.0,
+    expand_interval_s=5.0,
+    cooldown_s=60.0,
+    k_min=1,
+    k_max=8,
+)
+
+
+def load(waiting: float, ttft: float | None = None) -> AdapterLoad:
+    return AdapterLoad(requests_per_s=waiting, waiting=waiting, ttft_p99_s=ttft)
+
+
+@pytest.mark.parametrize(
+    ("state", "seen", "now", "want"),
+    [
+        pytest.param(None, IDLE, 0.0, KState(1, 0.0), id="new-idle-adapter-starts-at-k_min"),
+        pytest.param(None, load(12), 0.0, KState(2, 0.0), id="new-hot-adapter-expands-at-once"),
+        pytest.param(KState(2, 0.0), load(8.0), 10.0, KState(2, 0.0), id="at-threshold-holds(4/holder)"),
+        pytest.param(KState(2, 0.0), load(8.1), 10.0, KState(3, 10.0), id="just-over-queue-threshold-expands"),
+        pytest.param(KState(2, 0.0), load(40.0), 10.0, KState(4, 10.0), id="far-over-expands-at-most-doubling"),
+        pytest.param(KState(3, 0.0), load(15.0), 10.0, KState(4, 10.0), id="expands-in-proportion(5/4*3=3.75->4)"),
+        pytest.param(KState(2, 0.0), load(0.0, 2.5), 10.0, KState(3, 10.0), id="ttft-over-threshold-expands"),
+        pytest.param(KState(2, 8.0), load(40.0), 10.0, KState(2, 8.0), id="expand-waits-its-interval"),
+        pytest.param(KState(8, 0.0), load(400.0), 10.0, KState(8, 0.0), id="k_max-caps"),
+        pytest.param(KState(7, 0.0), load(400.0), 10.0, KState(8, 10.0), id="growth-stops-at-k_max"),
+        pytest.param(KState(3, 0.0), IDLE, 59.0, KState(3, 0.0), id="idle-waits-for-cooldown"),
+        pytest.param(KState(3, 0.0), IDLE, 60.0, KState(2, 60.0), id="idle-after-cooldown-shrinks-by-one"),
+        pytest.param(KState(3, 0.0), load(2.0), 90.0, KState(2, 90.0), id="shrinks-when-after-shrink-is-calm(2/2=1)"),
+        pytest.param(KState(3, 0.0), load(2.1), 90.0, KState(3, 0.0), id="no-shrink-when-k-1-would-be-busy"),
+        pytest.param(KState(3, 0.0), load(0.0, 1.5), 90.0, KState(3, 0.0), id="no-shrink-in-the-ttft-band"),
+        pytest.param(KState(1, 0.0), IDLE, 900.0, KState(1, 0.0), id="k_min-floors"),
+        pytest.param(KState(12, 0.0), load(10.0), 1.0, KState(8, 1.0), id="k-above-a-lowered-k_max-is-clipped"),
+    ],
+)
+def test_step_k(state: KState | None, seen: AdapterLoad, now: float, want: KState) -> None:
+    assert step_k(state, seen, now, RULE) == want
+
+
+def test_next_k_covers_every_adapter_in_state_or_load() -> None:
+    got = next_k({"old": KState(2, 0.0)}, {"new": load(0.0)}, 1000.0, RULE)
+    assert got == {"new": KState(1, 1000.0), "old": KState(1, 1000.0)}
+
+
+def test_no_flapping_under_load_that_wobbles_inside_the_band() -> None:
+    """Waiting per holder wobbling between 1.5 and 3.5 (inside the 1..4 band) never changes k."""
+    state = {"a": KState(3, 0.0)}
+    changes = 0
+    for t in range(1, 2000):
+        waiting = 3 * (2.5 + (1.0 if t % 2 else -1.0))
+        nxt = next_k(state, {"a": load(waiting)}, float(t), RULE)
+        changes += nxt["a"].k != state["a"].k
+        state = nxt
+    assert changes == 0
+
+
+def test_a_burst_expands_fast_then_shrinks_one_step_per_cooldown_without_reexpanding() -> None:
+    """Load steps up for a minute then stops: k climbs within seconds, then walks back down."""
+    state: dict[str, KState] = {}
+    history: list[int] = []
+    for t in range(0, 600):
+        per_holder = 10.0 if t < 60 else 0.0
+        k = state["a"].k if "a" in state else 1
+        state = next_k(state, {"a": load(per_holder * k)}, float(t), RULE)
+        history.append(state["a"].k)
+    assert history[0] == 2 and max(history[:30]) == 8  # doubles each expand interval: 2, 4, 8
+    assert history.index(8) <= 15
+    downs = [t for t in range(1, 600) if history[t] < history[t - 1]]
+    ups_after_burst = [t for t in range(61, 600) if history[t] > history[t - 1]]
+    assert ups_after_burst == []
+    assert all(b - a >= RULE.cooldown_s for a, b in itertools.pairwise(downs))
+    assert history[-1] < 8 and history[:60] == sorted(history[:60])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        pytest.param({"k_min": 0}, "k_min=0", id="k_min-0"),
+        pytest.param({"k_min": 4, "k_max": 2}, "k_min <= k_max", id="k_min-above-k_max"),
+        pytest.param({"shrink_waiting": 4.0}, "hysteresis band", id="no-queue-band"),
+        pytest.param({"shrink_ttft_p99_s": 3.0}, "hysteresis band", id="no-ttft-band"),
+        pytest.param({"shrink_ttft_p99_s": None}, "set together", id="ttft-half-set"),
+        pytest.param({"cooldown_s": -1.0}, "cooldown_s=-1.0", id="negative-cooldown"),
+    ],
+)
+def test_scaling_rule_refuses_a_rule_that_could_flap_or_cannot_hold(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ScalingRule(**kwargs)  # type: ignore[arg-type]
