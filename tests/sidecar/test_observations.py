@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from lorapool.api.report import AdapterLoad, Observations, ReplicaReport, decode, encode
-from lorapool.sidecar.observations import Sample, Window, parse_sample, percentile, summarize
+from lorapool.sidecar.observations import Sample, Window, histogram_quantile, parse_sample, percentile, summarize
 
 
 def page(*, running: int, waiting: int, kv: float, preempt: float, lists: list[tuple[float, str, str]]) -> str:
@@ -68,19 +68,55 @@ def test_percentile(values: list[float], q: float, want: float) -> None:
 
 def test_a_window_closes_with_time_weighted_loads_and_preemptions_since_it_opened() -> None:
     w = Window(window_s=10.0, max_gap_s=5.0)
-    busy = Sample(2, 3, 0.3, 4.0, 2, frozenset("abc"))
-    quiet = Sample(1, 0, 0.1, 6.0, 2, frozenset("a"))
+    busy = Sample(2, 3, 0.3, 5.0, 2, frozenset("abc"))
+    quiet, later = Sample(1, 0, 0.1, 4.0, 2, frozenset("a")), Sample(1, 0, 0.1, 6.0, 2, frozenset("a"))
     assert w.add(quiet, 100.0) is None
     assert w.add(busy, 102.0) is None
     assert w.add(busy, 104.0) is None
-    assert w.add(quiet, 130.0) is not None  # a 26 s gap counts as 5 s
-    obs = w.add(quiet, 140.0)  # the next window: opened at 130 with the last sample
+    assert w.add(later, 130.0) is not None  # a 26 s gap counts as 5 s
+    obs = w.add(later, 140.0)  # the next window: opened at 130 with the last sample
     assert obs is not None and obs.samples == 2 and obs.window_s == 10.0
-    first = summarize([quiet, busy, busy, quiet], [0.0, 2.0, 2.0, 5.0], window_s=30.0, end=130.0, first=4.0)
+    first = summarize([quiet, busy, busy, later], [0.0, 2.0, 2.0, 5.0], window_s=30.0, end=130.0)
     assert first.slot_wait_s == 4.0 and first.kv_wait_s == 0.0
     assert first.distinct_max == 3 and first.distinct_p50 == 1.0 and first.distinct_p95 == 3.0
     assert first.adapters == {"a": AdapterLoad(9.0), "b": AdapterLoad(4.0), "c": AdapterLoad(4.0)}
     assert first.preemptions == 2 and first.max_loras == 2
+
+
+HIST = {
+    "interpolates-in-the-bucket": (
+        [(0.1, 0), (1.0, 0), (inf := float("inf"), 0)],
+        [(0.1, 50), (1.0, 100), (inf, 100)],
+        0.99,
+        0.982,
+    ),
+    "counts-only-the-window": ([(0.1, 40), (1.0, 40), (inf, 40)], [(0.1, 40), (1.0, 140), (inf, 140)], 0.5, 0.55),
+    "above-the-last-bound-answers-it": ([], [(0.1, 0), (1.0, 0), (inf, 10)], 0.99, 1.0),
+    "nothing-observed": ([(0.1, 5), (inf, 5)], [(0.1, 5), (inf, 5)], 0.99, None),
+}
+
+
+@pytest.mark.parametrize(("start", "end", "q", "want"), HIST.values(), ids=HIST.keys())
+def test_histogram_quantile(
+    start: list[tuple[float, float]], end: list[tuple[float, float]], q: float, want: float | None
+) -> None:
+    got = histogram_quantile(start, end, q)
+    assert got == (None if want is None else pytest.approx(want, abs=1e-3))
+
+
+def test_ttft_and_goodput_come_from_counters_over_the_window() -> None:
+    text = page(running=0, waiting=0, kv=0.0, preempt=0, lists=[])
+    labels = 'engine="0",model_name="base"'
+    extra = [
+        f'vllm:time_to_first_token_seconds_bucket{{{labels},le="0.1"}} 10',
+        f'vllm:time_to_first_token_seconds_bucket{{{labels},le="+Inf"}} 10',
+        f'vllm:request_success_total{{{labels},finished_reason="stop"}} 7',
+        f'vllm:request_success_total{{{labels},finished_reason="abort"}} 3',
+    ]
+    start, end = parse_sample(text), parse_sample(text + "\n".join(extra) + "\n")
+    assert end.finished_total == 7 and end.ttft_buckets == ((0.1, 10.0), (float("inf"), 10.0))
+    obs = summarize([start, end], [0.0, 10.0], window_s=10.0, end=10.0)
+    assert obs.finished == 7 and obs.goodput == 0.7 and obs.ttft_p99_s == pytest.approx(0.099)
 
 
 OBS = Observations(
@@ -99,6 +135,9 @@ OBS = Observations(
     running_p95=20.0,
     waiting_p95=4.0,
     preemptions=1,
+    finished=90,
+    ttft_p50_s=0.05,
+    ttft_p99_s=1.25,
     adapters={"a": AdapterLoad(58.0, 2.0), "b": AdapterLoad(6.0)},
 )
 

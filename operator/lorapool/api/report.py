@@ -111,6 +111,11 @@ class Observations:
     - ``kv_usage_p50`` / ``kv_usage_p95`` / ``kv_usage_max`` [kv]: vllm:kv_cache_usage_perc (0-1);
     - ``running_p95`` / ``waiting_p95`` [q]: vllm:num_requests_running / _waiting;
     - ``preemptions`` [p]: increase of vllm:num_preemptions_total over the window (KV pressure);
+    - ``finished`` [f]: requests finished (stop or length) in the window (vllm:request_success_total):
+      ``finished / window_s`` is the replica's goodput;
+    - ``ttft_p50_s`` / ``ttft_p99_s`` [tt]: time to first token of the requests that got their first
+      token in the window (vllm:time_to_first_token_seconds histogram, interpolated within buckets);
+      None when none did;
     - ``adapters`` [a]: ``AdapterLoad`` per adapter seen in flight in the window (others: absent).
     """
 
@@ -129,7 +134,15 @@ class Observations:
     running_p95: float
     waiting_p95: float
     preemptions: int
+    finished: int = 0
+    ttft_p50_s: float | None = None
+    ttft_p99_s: float | None = None
     adapters: Mapping[str, AdapterLoad] = field(default_factory=dict)
+
+    @property
+    def goodput(self) -> float:
+        """Requests finished per second over the window."""
+        return self.finished / self.window_s if self.window_s > 0 else 0.0
 
 
 KV_FREE_BELOW = 0.9  # KV usage below this counts as "KV cache free": vLLM preempts near 1.0
@@ -227,6 +240,11 @@ def _encode_observations(o: Observations) -> dict[str, Any]:
         "kv": [_r(o.kv_usage_p50, 3), _r(o.kv_usage_p95, 3), _r(o.kv_usage_max, 3)],
         "q": [_r(o.running_p95, 1), _r(o.waiting_p95, 1)],
         "p": o.preemptions,
+        "f": o.finished,
+        "tt": [
+            None if o.ttft_p50_s is None else _r(o.ttft_p50_s, 4),
+            None if o.ttft_p99_s is None else _r(o.ttft_p99_s, 4),
+        ],
         "a": {name: [_r(a.inflight_s, 1), _r(a.waiting_s, 1)] for name, a in sorted(o.adapters.items())},
     }
 
@@ -236,7 +254,7 @@ def _decode_observations(raw: Any) -> Observations | None:
     if not isinstance(raw, dict):
         return None
     try:
-        d, kv, q = raw["d"], raw["kv"], raw["q"]
+        d, kv, q, tt = raw["d"], raw["kv"], raw["q"], raw.get("tt") or [None, None]
         return Observations(
             window_s=float(raw["w"]),
             end=float(raw["t"]),
@@ -253,6 +271,9 @@ def _decode_observations(raw: Any) -> Observations | None:
             running_p95=float(q[0]),
             waiting_p95=float(q[1]),
             preemptions=int(raw["p"]),
+            finished=int(raw.get("f", 0)),
+            ttft_p50_s=None if tt[0] is None else float(tt[0]),
+            ttft_p99_s=None if tt[1] is None else float(tt[1]),
             adapters={str(name): AdapterLoad(float(v[0]), float(v[1])) for name, v in (raw.get("a") or {}).items()},
         )
     except (ValueError, TypeError, KeyError, IndexError, AttributeError):

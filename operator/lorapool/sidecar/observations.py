@@ -34,7 +34,10 @@ WAITING = "vllm:num_requests_waiting"
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 PREEMPTIONS = ("vllm:num_preemptions_total", "vllm:num_preemptions")
 LORA_INFO = "vllm:lora_requests_info"
-_WANTED = (RUNNING, WAITING, *KV_USAGE, *PREEMPTIONS, LORA_INFO)
+TTFT_BUCKET = "vllm:time_to_first_token_seconds_bucket"
+SUCCESS = ("vllm:request_success_total", "vllm:request_success")
+_WANTED = (RUNNING, WAITING, *KV_USAGE, *PREEMPTIONS, LORA_INFO, TTFT_BUCKET, *SUCCESS)
+FINISHED_OK = frozenset({"stop", "length"})  # finished_reason values that count as served (not abort)
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,8 @@ class Sample:
     max_loras: int | None = None
     inflight: frozenset[str] = frozenset()  # running or waiting adapters (vLLM lists both alike)
     waiting_only: frozenset[str] = frozenset()  # listed waiting and not running
+    ttft_buckets: tuple[tuple[float, float], ...] = ()  # (le, cumulative count), all label sets summed
+    finished_total: float = 0.0  # requests finished with stop or length (vllm:request_success_total)
 
     @property
     def slot_bound(self) -> bool:
@@ -74,9 +79,16 @@ def parse_sample(text: str) -> Sample:
     lines = "\n".join(line for line in text.splitlines() if line.startswith(_WANTED)) + "\n"
     running = waiting = kv = preemptions = 0.0
     info: tuple[float, dict[str, str]] | None = None
+    buckets: dict[float, float] = {}
+    finished = 0.0
     for family in text_string_to_metric_families(lines):
         for s in family.samples:
-            if s.name == RUNNING:
+            if s.name == TTFT_BUCKET:
+                le = float(s.labels.get("le", "inf"))
+                buckets[le] = buckets.get(le, 0.0) + s.value
+            elif s.name in SUCCESS:
+                finished += s.value if s.labels.get("finished_reason") in FINISHED_OK else 0.0
+            elif s.name == RUNNING:
                 running += s.value
             elif s.name == WAITING:
                 waiting += s.value
@@ -102,7 +114,31 @@ def parse_sample(text: str) -> Sample:
         max_loras=max_loras,
         inflight=inflight,
         waiting_only=waiting_only,
+        ttft_buckets=tuple(sorted(buckets.items())),
+        finished_total=finished,
     )
+
+
+def histogram_quantile(
+    start: Sequence[tuple[float, float]], end: Sequence[tuple[float, float]], q: float
+) -> float | None:
+    """The q-quantile (0-1) of what a cumulative histogram observed between two scrapes, as
+    Prometheus' histogram_quantile does it (linear within the bucket); None when nothing was observed.
+    A bucket above the largest finite bound answers that bound."""
+    before = dict(start)
+    delta = [(le, count - before.get(le, 0.0)) for le, count in end]
+    total = delta[-1][1] if delta else 0.0
+    if total <= 0:
+        return None
+    rank, lower, below = q * total, 0.0, 0.0
+    for le, cumulative in delta:
+        if cumulative >= rank:
+            if le == float("inf"):
+                return lower
+            inside = cumulative - below
+            return lower + (le - lower) * ((rank - below) / inside if inside > 0 else 1.0)
+        lower, below = le, cumulative
+    return lower
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -128,28 +164,29 @@ class Window:
     _last_t: float | None = None
     _samples: list[Sample] = field(default_factory=list)
     _dt: list[float] = field(default_factory=list)
-    _first_preemptions: float | None = None
+    _first: Sample | None = None
 
     def add(self, sample: Sample, t: float) -> Observations | None:
         """Record ``sample`` scraped at Unix time ``t``; the closed window's summary when ``t`` ends one."""
         if self.start is None:
-            self.start, self._first_preemptions = t, sample.preemptions_total
+            self.start, self._first = t, sample
         dt = 0.0 if self._last_t is None else min(max(t - self._last_t, 0.0), self.max_gap_s)
         self._last_t = t
         self._samples.append(sample)
         self._dt.append(dt)
         if t - self.start < self.window_s:
             return None
-        summary = summarize(self._samples, self._dt, window_s=t - self.start, end=t, first=self._first_preemptions)
-        self.start, self._first_preemptions = t, sample.preemptions_total
+        summary = summarize(self._samples, self._dt, window_s=t - self.start, end=t, first=self._first)
+        self.start, self._first = t, sample
         self._samples, self._dt = [sample], [0.0]
         return summary
 
 
 def summarize(
-    samples: Sequence[Sample], dt: Sequence[float], *, window_s: float, end: float, first: float | None = None
+    samples: Sequence[Sample], dt: Sequence[float], *, window_s: float, end: float, first: Sample | None = None
 ) -> Observations:
-    """The window's ``Observations``; ``dt[i]`` is the time sample ``i`` stands for."""
+    """The window's ``Observations``; ``dt[i]`` is the time sample ``i`` stands for; counters
+    (preemptions, TTFT histogram, finished requests) count from ``first`` (default: the first sample)."""
     distinct = [len(s.inflight) for s in samples]
     kv = [s.kv_usage for s in samples]
     inflight_s: dict[str, float] = {}
@@ -159,7 +196,10 @@ def summarize(
             inflight_s[name] = inflight_s.get(name, 0.0) + d
         for name in s.waiting_only:
             waiting_s[name] = waiting_s.get(name, 0.0) + d
-    start_preemptions = samples[0].preemptions_total if first is None else first
+    first = first or samples[0]
+    last = samples[-1]
+    ttft_p99 = histogram_quantile(first.ttft_buckets, last.ttft_buckets, 0.99)
+    ttft_p50 = histogram_quantile(first.ttft_buckets, last.ttft_buckets, 0.50)
     max_loras = next((s.max_loras for s in reversed(samples) if s.max_loras is not None), None)
     return Observations(
         window_s=window_s,
@@ -176,6 +216,9 @@ def summarize(
         kv_usage_max=max(kv, default=0.0),
         running_p95=percentile([s.running for s in samples], 95),
         waiting_p95=percentile([s.waiting for s in samples], 95),
-        preemptions=max(0, int(samples[-1].preemptions_total - start_preemptions)) if samples else 0,
+        preemptions=max(0, int(last.preemptions_total - first.preemptions_total)),
+        finished=max(0, int(last.finished_total - first.finished_total)),
+        ttft_p50_s=ttft_p50,
+        ttft_p99_s=ttft_p99,
         adapters={name: AdapterLoad(inflight_s[name], waiting_s.get(name, 0.0)) for name in sorted(inflight_s)},
     )
