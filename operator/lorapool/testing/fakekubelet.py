@@ -18,10 +18,10 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Self
 
 from lorapool.testing.components import Component, start_sidecar, start_sim
+from lorapool.testing.follow import Follower
 from lorapool.testing.projection import ConfigMapVolume
 
 log = logging.getLogger("lorapool.testing")
@@ -45,7 +45,7 @@ class Replica:
         self.sim.close()
 
 
-class LocalEngines:
+class LocalEngines(Follower):
     """Keeps one sim + reporting sidecar per live engine pod of ``pool``, from a background thread."""
 
     def __init__(
@@ -67,6 +67,7 @@ class LocalEngines:
         the backend URLs whenever the set of engines changed (from the following thread)."""
         from lorapool.render import names
 
+        super().__init__(f"engine pods of {namespace}/{pool}", period_s)
         self.api_client = api_client
         self.namespace, self.pool = namespace, pool
         self.state_dir = state_dir
@@ -75,15 +76,12 @@ class LocalEngines:
         self.start_engine = start_engine or start_sim  # lorapool.engine.playground: real vLLM instead
         self.report_kubeconfig = report_kubeconfig
         self.sidecar_extra = tuple(sidecar_extra)
-        self.period_s = period_s
         self.selector = names.selector_string(pool, "engine")
         self.volume = ConfigMapVolume(
             api_client, namespace, names.adapters_configmap(pool), state_dir / "configmap", period_s=min(period_s, 1.0)
         )
         self.replicas: dict[str, Replica] = {}
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     @property
     def backends(self) -> list[str]:
@@ -105,7 +103,7 @@ class LocalEngines:
             replica.close()
         new = sorted(live - set(self.replicas))
         for pod in new:
-            if self._stop.is_set():
+            if self.stopping:
                 return
             replica = self._start(pod)
             with self._lock:
@@ -132,41 +130,21 @@ class LocalEngines:
         log.info("Started local engine for Pod %s: sim %s", pod, sim.url)
         return Replica(pod, sim, sidecar)
 
+    join_timeout_s = 60.0  # a replica starting when stop comes: its sim and sidecar must come up first
+
     def start(self) -> Self:
         """Project the ConfigMap, start a replica per engine pod now, then follow the pods."""
-        self._stop.clear()
         self.volume.start()
         try:
-            self.sync_once()
+            return super().start()
         except BaseException:
             self.stop()
             raise
-        self._thread = threading.Thread(target=self._follow, name=f"engines {self.pool}", daemon=True)
-        self._thread.start()
-        return self
-
-    def _follow(self) -> None:
-        while not self._stop.wait(self.period_s):
-            try:
-                self.sync_once()
-            except Exception as exc:  # the API may be restarting; the next period retries
-                log.warning("Failed to follow engine pods of %s/%s: %s", self.namespace, self.pool, exc)
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=60)
-            self._thread = None
+        super().stop()
         self.volume.stop()
         with self._lock:
             replicas, self.replicas = list(self.replicas.values()), {}
         for replica in replicas:
             replica.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()

@@ -14,28 +14,26 @@ its sync period plus the ConfigMap cache TTL; one second keeps the playground sn
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
+
+from lorapool.testing.follow import Follower
 
 log = logging.getLogger("lorapool.testing")
 
 
-class ConfigMapVolume:
+class ConfigMapVolume(Follower):
     """Keeps ``root`` in line with ConfigMap ``namespace/name`` from a background thread."""
 
     def __init__(self, api_client: Any, namespace: str, name: str, root: Path, *, period_s: float = 1.0) -> None:
+        super().__init__(f"configmap {namespace}/{name}", period_s)
         self.api_client = api_client
         self.namespace, self.name = namespace, name
         self.root = root
-        self.period_s = period_s
         self.updates = 0
         self._data: Mapping[str, str] | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         root.mkdir(parents=True, exist_ok=True)
 
     def path(self, key: str) -> Path:
@@ -78,32 +76,3 @@ class ConfigMapVolume:
             for child in previous.iterdir():
                 child.unlink()
             previous.rmdir()
-
-    def start(self) -> Self:
-        """Project once now (so the file exists before a sidecar starts), then follow changes."""
-        self._stop.clear()
-        self.sync_once()
-        self._thread = threading.Thread(target=self._follow, name=f"configmap {self.name}", daemon=True)
-        self._thread.start()
-        return self
-
-    def _follow(self) -> None:
-        while not self._stop.wait(self.period_s):
-            try:
-                self.sync_once()
-            except Exception as exc:  # the API may be restarting; the next period retries
-                log.warning("Failed to read ConfigMap %s/%s: %s", self.namespace, self.name, exc)
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-            self._thread = None
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
