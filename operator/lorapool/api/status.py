@@ -154,6 +154,33 @@ class AdapterStatus(Status):
     message: str | None = Field(
         default=None, description="What is wrong and how to fix it, or why it is not loaded (the engine's reason)."
     )
+    placed_replicas: int | None = Field(
+        default=None,
+        description="Replicas this adapter is placed on (told to load it): every replica until placement is on "
+        "(status.placement.mode KOfN); below targetReplicas when the replicas' maxCpuLoras leave no room.",
+    )
+    target_replicas: int | None = Field(
+        default=None,
+        description="k: the replicas its load (or spec.placement) asks for, before the pool's size and capacity clip it.",
+    )
+    target_changed_at: str | None = Field(
+        default=None, description="When targetReplicas last changed (RFC 3339): the scale-down cooldown counts from it."
+    )
+
+
+class PlacementMode(StrEnum):
+    ALL_REPLICAS = "AllReplicas"  # every replica holds every adapter (small pools, as before placement)
+    K_OF_N = "KOfN"  # each adapter on its k replicas (rendezvous hashing over replica slots)
+
+
+class PlacementStatus(Status):
+    """How adapters are spread over the engine replicas, and why."""
+
+    mode: PlacementMode = Field(description=f"{_listed(PlacementMode)}.")
+    reason: str = Field(description="Why this mode, with the numbers it was decided from.")
+    slots: int = Field(description="Replica slots adapters are placed over (spec.replicas).")
+    capacity: int = Field(description="Most adapters a replica is told to hold (its maxCpuLoras).")
+    unplaced: int = Field(default=0, description="Adapters no replica has room for: raise replicas or maxCpuLoras.")
 
 
 class LoRAPoolStatus(Status):
@@ -162,6 +189,7 @@ class LoRAPoolStatus(Status):
     observed_generation: int | None = None
     conditions: list[Condition] = Field(default_factory=list)
     plan: PlanStatus | None = None
+    placement: PlacementStatus | None = None
     adapters: list[AdapterStatus] = Field(default_factory=list)
     adapter_count: int = Field(default=0, description="Adapters served (inline + LoRAAdapter).")
     replicas: int = Field(default=0, description="Engine pods that exist.")
@@ -183,5 +211,8 @@ class LoRAAdapterStatus(Status):
     loaded_replicas: int | None = Field(
         default=None,
         description="Ready engine replicas whose sidecar reports it loaded at the revision the spec asks for.",
+    )
+    placed_replicas: int | None = Field(
+        default=None, description="Replicas it is placed on (told to load it); see the pool's status.placement."
     )
     message: str = Field(default="", description="What is wrong and how to fix it, or why it is not loaded yet.")
