@@ -21,7 +21,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from lorapool.router.backend import Request
-from lorapool.router.scheduler import Lease, NoBackend, QueueFull, Scheduler, UnknownModel
+from lorapool.router.scheduler import Lease, NoBackend, QueueFull, Scheduler, StillLoading, UnknownModel
 from lorapool.router.settings import RouterSettings
 from lorapool.router.telemetry import Telemetry
 
@@ -133,9 +133,12 @@ class Proxy:
             except NoBackend as exc:
                 msg = f"no backend can serve {req.model!r} now ({exc}); retry later"
                 return error_response(503, msg, "ServiceUnavailable", retry_after_s=retry_after)
-            except UnknownModel:
-                msg = f"The model `{req.model}` does not exist."
+            except UnknownModel as exc:
+                # The sidecars' reason when their reports know why; else vLLM's own words.
+                msg = exc.reason or f"The model `{req.model}` does not exist."
                 return error_response(404, msg, "NotFoundError", param="model")
+            except StillLoading as exc:
+                return error_response(503, f"{exc}; retry later", "ServiceUnavailable", retry_after_s=retry_after)
             except QueueFull as exc:
                 msg = f"the router is saturated ({exc}); retry later"
                 return error_response(429, msg, "RateLimitError", retry_after_s=retry_after)
@@ -201,7 +204,7 @@ class Proxy:
         """A 404 for the model means our view of the backend is stale: retry elsewhere."""
         lease.state.forget_model(lease.req.model)
         return any(
-            s.up and s.models is not None and lease.req.model in s.models
+            s.up and (models := s.served_models()) is not None and lease.req.model in models
             for s in self.scheduler.states.values()
             if s is not lease.state
         )

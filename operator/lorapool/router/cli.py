@@ -39,6 +39,19 @@ def _add_backend_flags(parser: argparse.ArgumentParser) -> None:
         help="watch the Service's EndpointSlices for ready backends (in cluster or KUBECONFIG)",
     )
     parser.add_argument("--port-name", help="EndpointSlice port name (default: only port / http)")
+    parser.add_argument(
+        "--report-pods",
+        metavar="NAMESPACE/SELECTOR",
+        help="watch these engine Pods and route by their sidecars' reports (loaded / loading / failed);"
+        " default: none, /v1/models alone says what each backend serves",
+    )
+    parser.add_argument(
+        "--backend-pod",
+        action="append",
+        metavar="URL=POD",
+        help="the Pod whose report describes a --backend (repeatable); EndpointSlices name theirs,"
+        " other backends are matched by pod IP",
+    )
 
 
 def policy_help() -> str:
@@ -89,13 +102,21 @@ def _add_limit_flags(parser: argparse.ArgumentParser, d: RouterSettings) -> None
         type=float,
         default=d.max_wait_s,
         metavar="SECONDS",
-        help="longest a request waits for a LoRA slot before best-effort (default %(default)s)",
+        help="longest a request waits in the router: for a LoRA slot (then best-effort) or for its adapter"
+        " to finish loading (then 503) (default %(default)s)",
     )
     parser.add_argument(
         "--max-queued",
         type=int,
         default=d.max_queued,
         help="requests held in all adapter queues before 429 (default %(default)s)",
+    )
+    parser.add_argument(
+        "--max-model-labels",
+        type=int,
+        default=d.max_model_labels,
+        help="distinct model/adapter label values in the router's metrics (the pool's adapters, first come);"
+        " the rest count as 'other' (default %(default)s)",
     )
     parser.add_argument(
         "--max-body-bytes",
@@ -141,12 +162,16 @@ def _add_debug_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def settings_from(args: argparse.Namespace) -> RouterSettings:
+    from lorapool.router.podreports import parse_backend_pod
+
     return RouterSettings(
         host=args.host,
         port=args.port,
         backends=tuple(args.backend or ()),
         endpointslices=args.endpointslices,
         port_name=args.port_name,
+        report_pods=args.report_pods,
+        backend_pods=tuple(parse_backend_pod(v) for v in args.backend_pod or ()),
         policy=args.policy,
         load_factor=args.load_factor,
         load_slack=args.load_slack,
@@ -156,6 +181,7 @@ def settings_from(args: argparse.Namespace) -> RouterSettings:
         max_wait_s=args.max_wait,
         max_queued=args.max_queued,
         max_body_bytes=args.max_body_bytes,
+        max_model_labels=args.max_model_labels,
         poll_interval_s=args.poll_interval,
         connect_timeout_s=args.connect_timeout,
         read_timeout_s=args.read_timeout,

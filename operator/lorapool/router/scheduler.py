@@ -1,9 +1,12 @@
 """Binds requests to backends: runs the policy, holds what fits nowhere, binds it late.
 
 The shell around the pure policy. ``acquire`` either binds at once, raises (503 / 404 / 429),
-or parks the request in its adapter's wait queue; every event that may free a slot (a request
-ends, a poll lands, the backend set changes) drains the queues, oldest head first. A request
-that waited ``max_wait_s`` is sent best-effort by the fallback policy. One event loop owns it.
+or parks the request in its adapter's wait queue; every event that may free a slot or make an
+adapter servable (a request ends, a poll lands, the backend set changes, a sidecar's report
+changes) drains the queues, oldest head first. A request held for a LoRA slot that waited
+``max_wait_s`` is sent best-effort by the fallback policy; one held because its adapter is
+still loading on the engines (the sidecars' reports, ``reports.standing``) gets 503 instead.
+One event loop owns it.
 """
 
 from __future__ import annotations
@@ -11,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from lorapool.api.report import ReplicaReport
 from lorapool.router.backend import Backend, DecisionKind, Request, classify
 from lorapool.router.filters import healthy, serves_model
 from lorapool.router.policy import Scheduling
+from lorapool.router.reports import Standing, Verdict, standing
 from lorapool.router.settings import RouterSettings
 from lorapool.router.state import BackendState
 from lorapool.router.telemetry import Telemetry
@@ -30,7 +35,15 @@ class NoBackend(Exception):
 
 
 class UnknownModel(Exception):
-    """No backend serves the model: answer 404, as vLLM would."""
+    """No backend serves the model: answer 404 with the reports' reason, else as vLLM would."""
+
+    def __init__(self, model: str, reason: str = "") -> None:
+        super().__init__(reason or model)
+        self.model, self.reason = model, reason
+
+
+class StillLoading(Exception):
+    """The adapter was still loading on the engines when the request's wait ran out: answer 503."""
 
 
 class QueueFull(Exception):
@@ -48,12 +61,20 @@ class Lease:
     released: bool = False
 
 
+class HoldReason:
+    """Why a request waits in the router (the queue-wait metric's ``reason`` label)."""
+
+    SLOT = "slot"  # no replica has a LoRA slot for it: grouping (waits, then best effort)
+    LOAD = "load"  # its adapter is loaded nowhere yet, loading somewhere (waits, then 503)
+
+
 @dataclass(eq=False)
 class _Waiter:
     req: Request
     exclude: frozenset[str]
     since_s: float
     future: asyncio.Future[Lease] = field(repr=False)
+    reason: str = HoldReason.SLOT
 
 
 class Scheduler:
@@ -91,12 +112,42 @@ class Scheduler:
         self.changed()
         return added, removed
 
+    def set_reports(self, reports: Mapping[str, ReplicaReport | None]) -> None:
+        """The sidecars' reports per backend URL (missing or None: none usable); binds what they freed."""
+        for url, state in self.states.items():
+            state.apply_report(reports.get(url))
+        self._refuse_lost_loads()
+        self.changed()
+
+    def _refuse_lost_loads(self) -> None:
+        """Requests waiting for a load that the reports now say failed (or vanished): 404 at once."""
+        live = [v for v in self._views() if v.up]
+        for model in list(self.queues.depths()):
+            waiters = [w for w in self.queues.items(model) if w.reason == HoldReason.LOAD]
+            if not waiters:
+                continue
+            verdict = self.standing(model, live)
+            if verdict.standing not in (Standing.FAILED, Standing.UNKNOWN):
+                continue
+            for waiter in waiters:
+                self.queues.remove(model, waiter)
+                if not waiter.future.done():
+                    waiter.future.set_exception(UnknownModel(model, verdict.reason))
+
     def base_models(self) -> frozenset[str]:
         return frozenset().union(*(s.base_models for s in self.states.values()))
 
     def known(self, model: str) -> bool:
-        """True when some backend lists ``model`` in /v1/models."""
-        return any(s.models is not None and model in s.models for s in self.states.values())
+        """True when some backend serves ``model`` (its report or /v1/models) or its report knows it."""
+        return any(
+            ((models := s.served_models()) is not None and model in models)
+            or (s.report is not None and model in s.report.adapters)
+            for s in self.states.values()
+        )
+
+    def standing(self, model: str, views: Sequence[Backend]) -> Verdict:
+        """Where ``model`` stands over the reports of ``views``' backends (pure ``reports.standing``)."""
+        return standing(model, {v.id: self.states[v.id].report for v in views if v.id in self.states})
 
     def request_for(self, model: str) -> Request:
         return Request(model, is_adapter=model not in self.base_models())
@@ -115,14 +166,14 @@ class Scheduler:
         if not live:
             raise NoBackend("no backend is up" if not exclude else "every backend was tried")
         if not serves_model(req, live):
-            if self.refresh_models is not None:
-                await self.refresh_models()
-            views = self._views(exclude)
-            live = healthy(req, views)
-            if not live:
-                raise NoBackend("no backend is up")
+            if self.refresh_models is not None and any(self.states[v.id].report is None for v in live):
+                await self.refresh_models()  # some backend has no report: its /v1/models may be stale
+                views = self._views(exclude)
+                live = healthy(req, views)
+                if not live:
+                    raise NoBackend("no backend is up")
             if not serves_model(req, live):
-                raise UnknownModel(req.model)
+                return await self._not_served(req, exclude, live)
             chosen = self.scheduling.strict.choose(req, views)
             if chosen is not None:
                 return self._bind(req, chosen, views)
@@ -132,16 +183,25 @@ class Scheduler:
             return self._bind_best_effort(req, views)
         return await self._hold(req, exclude)
 
-    def _bind_best_effort(self, req: Request, views: Sequence[Backend]) -> Lease:
+    async def _not_served(self, req: Request, exclude: frozenset[str], live: Sequence[Backend]) -> Lease:
+        """No live backend serves the model: wait for a load the reports announce, else 404 with their reason."""
+        verdict = self.standing(req.model, live) if req.is_adapter else Verdict(Standing.UNREPORTED)
+        if verdict.standing == Standing.LOADING:
+            return await self._hold(req, exclude, reason=HoldReason.LOAD)
+        if verdict.standing in (Standing.FAILED, Standing.UNKNOWN):
+            raise UnknownModel(req.model, verdict.reason)
+        raise UnknownModel(req.model)  # no reports: as vLLM would answer
+
+    def _bind_best_effort(self, req: Request, views: Sequence[Backend], *, loaded_late: bool = False) -> Lease:
         """Bind by the fallback policy (over the slot limit); NoBackend when nothing is up."""
         chosen = self.scheduling.fallback.choose(req, views)
         if chosen is None:
             raise NoBackend("no backend is up")
-        return self._bind(req, chosen, views)
+        return self._bind(req, chosen, views, loaded_late=loaded_late)
 
-    async def _hold(self, req: Request, exclude: frozenset[str]) -> Lease:
+    async def _hold(self, req: Request, exclude: frozenset[str], reason: str = HoldReason.SLOT) -> Lease:
         now = self.clock()
-        waiter = _Waiter(req, exclude, now, asyncio.get_running_loop().create_future())
+        waiter = _Waiter(req, exclude, now, asyncio.get_running_loop().create_future(), reason)
         if not self.queues.push(req.model, waiter, now):
             raise QueueFull(f"{len(self.queues)} requests are already waiting")
         self.telemetry.decided(DecisionKind.QUEUED)
@@ -151,19 +211,31 @@ class Scheduler:
         try:
             await asyncio.wait({waiter.future}, timeout=self.settings.max_wait_s)
         except asyncio.CancelledError:
-            if not self.queues.remove(req.model, waiter) and waiter.future.done():
+            bound = waiter.future.done() and not waiter.future.cancelled() and waiter.future.exception() is None
+            if not self.queues.remove(req.model, waiter) and bound:
                 self.release(waiter.future.result())
             raise
         if waiter.future.done():
-            lease = waiter.future.result()
+            if waiter.future.exception() is not None:
+                self.telemetry.held(req.model, reason, self.clock() - now)
+            lease = waiter.future.result()  # raises what ended the wait (the load failed: 404)
         else:
             self.queues.remove(req.model, waiter)
-            lease = self._bind_best_effort(req, self._views(exclude))
+            views = self._views(exclude)
+            if reason == HoldReason.LOAD and not serves_model(req, healthy(req, views)):
+                self.telemetry.held(req.model, reason, self.clock() - now)
+                verdict = self.standing(req.model, healthy(req, views))
+                if verdict.standing in (Standing.FAILED, Standing.UNKNOWN):
+                    raise UnknownModel(req.model, verdict.reason)
+                why = verdict.reason or f"adapter {req.model!r} is not loaded on any replica yet"
+                raise StillLoading(f"{why}; waited {self.settings.max_wait_s:g} s (--max-wait)")
+            lease = self._bind_best_effort(req, views, loaded_late=reason == HoldReason.LOAD)
         lease.waited_s = self.clock() - now
-        self.telemetry.queue_wait.observe(lease.waited_s)
+        self.telemetry.held(req.model, reason, lease.waited_s)
         return lease
 
-    def _bind(self, req: Request, chosen: str, views: Sequence[Backend]) -> Lease:
+    def _bind(self, req: Request, chosen: str, views: Sequence[Backend], *, loaded_late: bool = False) -> Lease:
+        """Count ``req`` on ``chosen``; ``loaded_late``: it waited for a sidecar to load its adapter."""
         view = next(v for v in views if v.id == chosen)
         kind = classify(req, view)
         state = self.states[chosen]
@@ -171,6 +243,10 @@ class Scheduler:
             loads = {v.id: (v.load, len(v.active), req.model in v.active) for v in views}
             extra = {"model": req.model, "kind": kind.value, "backend": chosen, "loads": loads}
             log.debug("Bound request", extra=extra)
+        if req.is_adapter:
+            # Resident: in a GPU slot there (in flight or among the last max-loras to run), so no load.
+            in_slot = view.runs(req.model) or req.model in view.warm
+            self.telemetry.routed(req.model, hit=in_slot and not loaded_late, slot_load=not in_slot)
         state.begin(req.model, is_adapter=req.is_adapter)
         self.telemetry.decided(kind)
         return Lease(state, req, kind)
@@ -208,6 +284,7 @@ class Scheduler:
             if chosen is None:
                 continue
             self.queues.pop(model)
-            waiter.future.set_result(self._bind(waiter.req, chosen, candidates))
+            lease = self._bind(waiter.req, chosen, candidates, loaded_late=waiter.reason == HoldReason.LOAD)
+            waiter.future.set_result(lease)
             return True
         return False

@@ -1,7 +1,8 @@
-"""Wires the router together and runs it: settings -> scheduler, poller, discovery, app.
+"""Wires the router together and runs it: settings -> scheduler, poller, discovery, reports, app.
 
-Shell. Serves only after one poll round, so the first requests see real backend state;
-stops on SIGINT/SIGTERM, letting in-flight requests finish for a few seconds.
+Shell. Serves only after one poll round (and, with ``--report-pods``, the first list of the
+engine Pods), so the first requests see real backend state; stops on SIGINT/SIGTERM, letting
+in-flight requests finish for a few seconds.
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ from lorapool.render.names import ENGINE_API_KEY_ENV
 from lorapool.router import registry
 from lorapool.router.app import build_app
 from lorapool.router.endpointslices import EndpointSliceWatch, parse_target
+from lorapool.router.kubewatch import ListWatch
+from lorapool.router.podreports import parse_pods_target, pod_report_watch
 from lorapool.router.poller import Poller
+from lorapool.router.reports import PodFacts, backend_reports
 from lorapool.router.scheduler import Scheduler
 from lorapool.router.settings import RouterSettings
 from lorapool.router.telemetry import Telemetry
@@ -55,6 +59,7 @@ async def serve(settings: RouterSettings) -> None:
     scheduling = registry.build(settings.policy, settings.policy_params())
     if not settings.backends and not settings.endpointslices:
         raise ValueError("give --backend URL (repeatable) or --endpointslices NAMESPACE/SERVICE")
+    pods_target = parse_pods_target(settings.report_pods) if settings.report_pods else None
     telemetry = Telemetry(max_model_labels=settings.max_model_labels)
     scheduler = Scheduler(scheduling, settings, telemetry)
     loop = asyncio.get_running_loop()
@@ -65,11 +70,26 @@ async def serve(settings: RouterSettings) -> None:
         poller = Poller(scheduler, session, settings)
         background: set[asyncio.Task[None]] = set()
         watch: EndpointSliceWatch | None = None
+        pods: dict[str, PodFacts] = {}
+        static_pods = dict(settings.backend_pods)
+
+        def fold_reports() -> None:
+            """Give each backend its pod's report (by name from the slices or --backend-pod, else by IP)."""
+            if settings.report_pods:
+                pod_of = {**static_pods, **(watch.targets if watch is not None else {})}
+                scheduler.set_reports(backend_reports(scheduler.states.keys(), pods, pod_of))
+
+        def on_pods(facts: dict[str, PodFacts]) -> None:
+            pods.clear()
+            pods.update(facts)
+            fold_reports()
+
         if settings.endpointslices:
             namespace, service = parse_target(settings.endpointslices)
 
             def on_change(urls: list[str]) -> None:
                 added, removed = scheduler.set_backends(urls)
+                fold_reports()
                 if added or removed:
                     log.info("Updated backends", extra={"added": added, "removed": removed})
                     task = loop.create_task(poller.poll_all())
@@ -81,6 +101,11 @@ async def serve(settings: RouterSettings) -> None:
             await asyncio.to_thread(watch.synced.wait, 10.0)
         else:
             scheduler.set_backends(settings.backends)
+        reports: ListWatch[PodFacts] | None = None
+        if pods_target is not None:
+            reports = pod_report_watch(*pods_target, on_pods, loop)
+            reports.start()
+            await asyncio.to_thread(reports.synced.wait, 10.0)
         await poller.poll_all()
         app = build_app(scheduler, session, telemetry, settings)
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
@@ -95,6 +120,7 @@ async def serve(settings: RouterSettings) -> None:
                 "policy": settings.policy,
                 "backends": len(scheduler.states),
                 "backends_up": up,
+                "reports": sum(st.report is not None for st in scheduler.states.values()),
             },
         )
         polling = loop.create_task(poller.run())
@@ -110,4 +136,6 @@ async def serve(settings: RouterSettings) -> None:
                 await polling
             if watch is not None:
                 watch.stop()
+            if reports is not None:
+                reports.stop()
             await runner.cleanup()

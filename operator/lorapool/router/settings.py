@@ -22,6 +22,12 @@ class RouterSettings:
     endpointslices: str | None = None
     # EndpointSlice port name to use; None picks the only port, else "http", else the first.
     port_name: str | None = None
+    # NAMESPACE/LABEL_SELECTOR of the pool's engine Pods, whose sidecars' reports say what each
+    # engine holds (docs/status.md); None: no reports, /v1/models alone decides (local use).
+    report_pods: str | None = None
+    # Static backends' pods (URL -> pod name) for their reports; EndpointSlices name their own
+    # (targetRef), and a backend not named either way is matched by pod IP.
+    backend_pods: tuple[tuple[str, str], ...] = ()
     # A name in registry.POLICIES (--policy).
     policy: str = RouterPolicy.AFFINITY.value
     # Bounded-load cap as a multiple of the mean load (1.25 as in KubeAI / CH-BL).
@@ -36,8 +42,9 @@ class RouterSettings:
     max_loras: int = 1
     # vLLM --max-cpu-loras of the replicas, if known: lets the policy prefer CPU-cached adapters.
     max_cpu_loras: int | None = None
-    # Longest a request waits in its adapter's queue before it is sent best-effort, seconds.
-    # About one short generation: long enough for a slot to free, short next to a disk load storm.
+    # Longest a request waits in the router, seconds: for a LoRA slot (then it is sent best-effort)
+    # or for its adapter to finish loading on the engines (then 503 with Retry-After). About one
+    # short generation: long enough for a slot to free, short next to a disk load storm.
     max_wait_s: float = 2.0
     # Requests held in all wait queues together before new ones get 429.
     max_queued: int = 4096

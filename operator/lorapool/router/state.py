@@ -18,8 +18,10 @@ from collections.abc import Iterable, Mapping
 from itertools import islice
 from typing import Any
 
+from lorapool.api.report import ReplicaReport
 from lorapool.router.backend import Backend
 from lorapool.router.engine_metrics import EngineMetrics
+from lorapool.router.reports import served
 
 # How many recently-run adapters to remember per backend (bounds memory with 1000s of adapters).
 RECENT_LIMIT = 4096
@@ -35,7 +37,12 @@ class BackendState:
         self.default_max_loras = max(1, max_loras)
         self.reported_max_loras: int | None = None
         self.max_cpu_loras = max_cpu_loras
-        self.models: frozenset[str] | None = None
+        self.models: frozenset[str] | None = None  # /v1/models ids; None until first polled
+        # The sidecar's report on this backend's pod (None: no usable report, /v1/models decides).
+        self.report: ReplicaReport | None = None
+        self._reported: frozenset[str] = frozenset()  # adapters the report says the engine serves
+        self._forgotten: frozenset[str] = frozenset()  # answered 404 since the last poll or report
+        self._served_cache: frozenset[str] | None = None
         self.base_models: frozenset[str] = frozenset()
         self.cards: tuple[Mapping[str, Any], ...] = ()
         self.kv_usage = 0.0
@@ -115,11 +122,36 @@ class BackendState:
         self.cards = kept
         self.models = frozenset(str(c["id"]) for c in kept)
         self.base_models = frozenset(str(c["id"]) for c in kept if not c.get("parent"))
+        self._forgotten, self._served_cache = frozenset(), None
+
+    def apply_report(self, report: ReplicaReport | None) -> None:
+        """Fold in the sidecar's report (None: no usable one, so /v1/models decides again)."""
+        if report is self.report:
+            return
+        self.report = report
+        self._reported = served(report) if report is not None else frozenset()
+        self._forgotten, self._served_cache = frozenset(), None
 
     def forget_model(self, model: str) -> None:
-        """The backend answered 404 for ``model``: stop routing it here until the next poll."""
+        """The backend answered 404 for ``model``: stop routing it here until the next poll or report."""
         if self.models is not None:
             self.models = self.models - {model}
+        self._forgotten = self._forgotten | {model}
+        self._served_cache = None
+
+    def served_models(self) -> frozenset[str] | None:
+        """What the backend serves: with a report, its loaded adapters plus the base models
+        ``/v1/models`` lists; without one, ``/v1/models`` (None until polled: assume any)."""
+        if self.report is None:
+            return self.models
+        if self._served_cache is None:
+            self._served_cache = (self._reported | self.base_models) - self._forgotten
+        return self._served_cache
+
+    def serves(self, model: str) -> bool:
+        """True when ``model`` may be sent here (unpolled backends without a report: assumed)."""
+        models = self.served_models()
+        return models is None or model in models
 
     # --- the policy's view ----------------------------------------------------------------
     def view(self) -> Backend:
@@ -134,7 +166,7 @@ class BackendState:
             id=self.id,
             up=self.up,
             max_loras=self.max_loras,
-            models=self.models,
+            models=self.served_models(),
             active=active,
             warm=warm,
             cached=cached,

@@ -1,9 +1,13 @@
 """The router's Prometheus metrics (one registry per router, so tests can run several).
 
-Label cardinality is capped: a model gets its own label value only if a backend serves it and
-fewer than ``max_model_labels`` models have one already; the rest are "other" (unknown models
-are "unknown", requests without one "none"). Queue depth is exported at scrape time for the
-deepest queues only.
+Label cardinality is capped: a model gets its own label value only if it is in the pool's
+catalog (a backend serves it, or a sidecar's report knows it) and fewer than
+``max_model_labels`` (``--max-model-labels``, default 100) models have one already; the rest
+are "other" (unknown models are "unknown", requests without one "none"). So every
+``model``/``adapter`` label has at most min(catalog, max_model_labels) + 3 values, whatever
+clients send. Queue depth is exported at scrape time for the deepest queues only. The queue-wait
+histogram is labelled by why a request waited (``slot``/``load``), never by adapter: per
+adapter, a counter of seconds held gives the mean with the requests counter.
 """
 
 from __future__ import annotations
@@ -94,8 +98,30 @@ class Telemetry:
         )
         self.queue_wait = Histogram(
             "lorapool_router_queue_wait_seconds",
-            "Time held requests waited in an adapter queue before binding",
+            "Time held requests waited in the router's queue, by why: slot (no LoRA slot free) or load"
+            " (the adapter was loading on the engines)",
+            ["reason"],
             buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.adapter_requests = Counter(
+            "lorapool_router_adapter_requests",
+            "Adapter requests bound to a replica, by adapter and result: hit (the adapter was in a GPU"
+            " slot of that replica) or miss (it needed a load: into a slot, or first onto a replica)",
+            ["adapter", "result"],
+            registry=self.registry,
+        )
+        self.adapter_loads = Counter(
+            "lorapool_router_adapter_loads",
+            "Adapter loads into a GPU slot that the router's choices triggered (sent where it was"
+            " neither in flight nor recently run)",
+            ["adapter"],
+            registry=self.registry,
+        )
+        self.adapter_held = Counter(
+            "lorapool_router_adapter_held_seconds",
+            "Seconds requests for the adapter spent held in the router's queue, by why (slot or load)",
+            ["adapter", "reason"],
             registry=self.registry,
         )
         self.decisions = Counter(
@@ -118,10 +144,30 @@ class Telemetry:
         # Labelled children, looked up once: ``labels()`` takes a lock and checks its arguments.
         self._decided = {kind: self.decisions.labels(kind.value) for kind in DecisionKind}
         self._answered: dict[tuple[str, str], Any] = {}
+        self._routed: dict[str, tuple[Any, Any, Any]] = {}
 
     def decided(self, kind: DecisionKind) -> None:
         """Count one routing decision."""
         self._decided[kind].inc()
+
+    def routed(self, model: str, *, hit: bool, slot_load: bool) -> None:
+        """Count one adapter request bound to a replica: hit or miss, and the slot load it triggers."""
+        label = self.model_label(model, known=True)
+        children = self._routed.get(label)
+        if children is None:
+            children = self._routed[label] = (
+                self.adapter_requests.labels(label, "hit"),
+                self.adapter_requests.labels(label, "miss"),
+                self.adapter_loads.labels(label),
+            )
+        children[0 if hit else 1].inc()
+        if slot_load:
+            children[2].inc()
+
+    def held(self, model: str, reason: str, seconds: float) -> None:
+        """Count the time one request was held in the router's queue (``reason``: slot or load)."""
+        self.queue_wait.labels(reason).observe(seconds)
+        self.adapter_held.labels(self.model_label(model, known=True), reason).inc(seconds)
 
     def answered(self, label: str, code: str, seconds: float) -> None:
         """Count one answered request (``label`` from ``model_label``) and its duration."""

@@ -53,6 +53,10 @@ class WaitQueues(Generic[T]):
         self._total += 1
         return True
 
+    def items(self, model: str) -> list[T]:
+        """Every request waiting for ``model``, oldest first."""
+        return [entry.item for entry in self._queues.get(model, ())]
+
     def head(self, model: str) -> T | None:
         """The oldest request for ``model``, without removing it."""
         queue = self._queues.get(model)
