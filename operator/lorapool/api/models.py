@@ -175,7 +175,42 @@ _LORA_CEL = cel(
         "|| type(self.maxCpuLoras) == string || self.maxCpuLoras >= self.maxLoras",
         "maxCpuLoras must be >= maxLoras (vLLM refuses to start otherwise): set maxCpuLoras >= maxLoras or 'auto'",
     ),
+    (
+        "!has(self.tuning) || !has(self.tuning.apply) || !self.tuning.apply || !has(self.maxLoras) "
+        "|| type(self.maxLoras) == string",
+        "maxLoras must be 'auto' when tuning.apply is true (an explicit maxLoras wins over the sizing loop): "
+        "set maxLoras to 'auto' or tuning.apply to false",
+    ),
 )
+
+
+class SizingTuning(Wire):
+    """The closed sizing loop: how status.recommendation's --max-loras is applied (opt-in)."""
+
+    apply: bool = Field(
+        default=False,
+        description="Apply status.recommendation.maxLoras to the engines (rolls the engine pods); "
+        "false = recommend only. Needs maxLoras 'auto'.",
+    )
+    min_period_seconds: int = Field(
+        default=1800,
+        ge=60,
+        le=7 * 86400,
+        description="At most one change (or rollback) per this many seconds.",
+    )
+    max_step_factor: float = Field(
+        default=2.0,
+        ge=1.1,
+        le=8.0,
+        description="One change moves maxLoras at most by this factor up or down (bounded steps).",
+    )
+    rollback_margin: float = Field(
+        default=0.10,
+        ge=0.0,
+        le=1.0,
+        description="Roll a change back when, over an equal window after it, p99 TTFT is higher or goodput "
+        "lower than before by more than this fraction.",
+    )
 # Rules of the int-or-'auto' fields, on the fields themselves so the API server names them.
 _AUTO_OR_POSITIVE = "type(self) == string ? self == 'auto' : self >= 1"
 
@@ -235,6 +270,10 @@ class LoraSpec(Wire):
         description="auto maxLoras adds spare slots above the adapter count (so adding an adapter does not restart "
         "pods) only while all spares together cost at most this fraction of the KV cache; 0 = a slot per adapter.",
     )
+    tuning: SizingTuning | None = Field(
+        default=None,
+        description="The sizing loop: status.recommendation is always written; tuning.apply applies it.",
+    )
 
     @field_validator("max_loras", "max_cpu_loras", mode="before")
     @classmethod
@@ -260,6 +299,13 @@ class LoraSpec(Wire):
         problems: list[InitErrorDetails] = []
         if isinstance(gpu, int) and isinstance(cpu, int) and not isinstance(gpu | cpu, bool) and 1 <= cpu < gpu:
             message = f"maxCpuLoras={cpu} is below maxLoras={gpu}; vLLM refuses to start: set maxCpuLoras >= maxLoras or 'auto'"
+            problems.append({"type": _custom("value_error", message), "loc": (), "input": value})
+        tuning = raw.get("tuning")
+        if isinstance(tuning, dict) and tuning.get("apply") is True and isinstance(gpu, int):
+            message = (
+                f"tuning.apply needs maxLoras 'auto' (maxLoras={gpu} wins over the sizing loop): "
+                "set maxLoras to 'auto' or tuning.apply to false"
+            )
             problems.append({"type": _custom("value_error", message), "loc": (), "input": value})
         result: LoraSpec = validate_reporting_all(handler, value, problems, cls.__name__)
         return result

@@ -183,6 +183,38 @@ class PlacementStatus(Status):
     unplaced: int = Field(default=0, description="Adapters no replica has room for: raise replicas or maxCpuLoras.")
 
 
+class RecommendationStatus(Status):
+    """The --max-loras the engines' observations support (the sizing loop; docs/sizing.md)."""
+
+    max_loras: int = Field(description="Recommended --max-loras.")
+    current: int = Field(description="--max-loras of the plan now.")
+    action: str = Field(description="Keep, Grow, Shrink or InsufficientData.")
+    kv_cache_bytes: int = Field(
+        default=0, description="KV cache per GPU the change frees (negative: takes), in bytes."
+    )
+    kv_cache_tokens: int = Field(default=0, description="The same in tokens.")
+    evidence: str = Field(description="What was observed, over which window, and the arithmetic.")
+    window_seconds: float | None = Field(default=None, description="Length of the replicas' observation window.")
+    replicas: int = Field(default=0, description="Replicas whose reports were read.")
+    samples: int = Field(default=0, description="Scrapes of the engines' metrics behind it.")
+    observed_at: str | None = Field(default=None, description="When the newest window closed (RFC 3339).")
+
+
+class SizingStatus(Status):
+    """What the sizing loop applied (spec.lora.tuning.apply) and how that change is judged."""
+
+    applied_max_loras: int = Field(description="--max-loras the operator applies instead of auto's estimate.")
+    previous_max_loras: int = Field(description="--max-loras before the last change (what a rollback returns to).")
+    last_change_time: str = Field(description="When the last change or rollback was made (RFC 3339).")
+    reason: str = Field(description="Why the last change was made.")
+    verdict: str = Field(description="Watching (comparing an equal window after the change), Kept or RolledBack.")
+    baseline_ttft_p99_seconds: float | None = Field(default=None, description="p99 TTFT over the window before.")
+    baseline_goodput: float | None = Field(default=None, description="Requests/s over the window before.")
+    rejected_max_loras: int | None = Field(
+        default=None, description="A value rolled back; not applied again while the recommendation stays there."
+    )
+
+
 class LoRAPoolStatus(Status):
     """Observed state of a LoRAPool."""
 
@@ -197,6 +229,12 @@ class LoRAPoolStatus(Status):
     endpoint: str | None = Field(default=None, description="The pool's OpenAI endpoint (router Service URL).")
     selector: str | None = Field(
         default=None, description="Label selector of the engine pods (for kubectl scale / HPA)."
+    )
+    recommendation: RecommendationStatus | None = Field(
+        default=None, description="The --max-loras the engines' observed concurrency supports, and why."
+    )
+    sizing: SizingStatus | None = Field(
+        default=None, description="The sizing loop's applied --max-loras (only with spec.lora.tuning.apply)."
     )
 
 

@@ -16,6 +16,21 @@ def _why(plan: Plan, key: str, value: int) -> str:
     return reason.removeprefix(f"{value}: ")
 
 
+def _concurrency(plan: Plan) -> list[str]:
+    """The estimate behind auto --max-loras, and what the sizing loop will replace it with."""
+    c = plan.concurrency
+    if c is None:
+        return []
+    return [
+        "",
+        f"Slot concurrency (estimate, before traffic): {c.sequences} sequences in flight "
+        f"(min of vllm.maxNumSeqs and KV cache / {c.sequence_tokens} tokens) spread evenly over "
+        f"{c.n_adapters} adapter(s) use {c.distinct} distinct adapters at once.",
+        "  Even spreading is the most a batch can need; skewed traffic needs fewer. The operator measures the "
+        "real concurrency and writes status.recommendation (kubectl describe lp); spec.lora.tuning.apply applies it.",
+    ]
+
+
 def explain_plan(pool: LoRAPool, plan: Plan, n_adapters: int) -> str:
     spec = pool.spec
     m = plan.memory
@@ -32,6 +47,7 @@ def explain_plan(pool: LoRAPool, plan: Plan, n_adapters: int) -> str:
         f"  --max-cpu-loras {plan.max_cpu_loras:<6} {_why(plan, 'maxCpuLoras', plan.max_cpu_loras)}",
         f"  --max-model-len {plan.max_model_len:<6} "
         + ("set in spec.vllm.maxModelLen" if spec.vllm.max_model_len else "model context, at most 8192"),
+        *_concurrency(plan),
         "",
         f"GPU memory, per GPU ({plan.gpu}: {m.gpu_bytes / 1e9:.1f} GB x gpuMemoryUtilization "
         f"{spec.vllm.gpu_memory_utilization} = {m.usable_bytes / 1e9:.1f} GB)",

@@ -27,6 +27,7 @@ from lorapool.errors import PlanError
 from lorapool.plan.dims import ModelDims, lookup_model
 from lorapool.plan.gpus import GIB, GPUS, GpuType
 from lorapool.plan.quantity import parse_bytes
+from lorapool.plan.sizing import Concurrency, SlotBounds, estimate_concurrency
 
 DEFAULT_MAX_MODEL_LEN = 8192
 DEFAULT_RANK = 16  # vLLM's default --max-lora-rank, assumed while an adapter's rank is unknown
@@ -60,6 +61,8 @@ class Plan:
     model: str
     gpu: str
     warnings: tuple[str, ...] = field(default=())
+    slots: SlotBounds | None = None  # what the sizing loop may choose from, and a slot's price
+    concurrency: Concurrency | None = None  # the estimate behind auto maxLoras (None: explicit value)
 
     def to_status(self) -> PlanStatus:
         """``status.plan`` (and ``lorapool plan -o json``), in the one status model."""
@@ -87,6 +90,7 @@ class Derived:
     reason: str
     problems: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    concurrency: Concurrency | None = None  # derive_max_loras only: the estimate behind auto
 
 
 # Every dtype the API accepts is two bytes wide; vLLM's 'auto' loads fp32 checkpoints as fp16 too.
@@ -177,11 +181,14 @@ def plan_pool(
     adapters: Sequence[AdapterRank],
     *,
     dims: ModelDims | None = None,
+    tuned: int | None = None,
 ) -> Plan:
     """Derive --max-loras, --max-lora-rank and --max-cpu-loras for a pool. Raises PlanError.
 
     Each flag has its own function returning value, reason and problems; problems are
     collected in flag order so one PlanError lists everything the user must change.
+    ``tuned``: the --max-loras the sizing loop applies (``status.sizing``), used while
+    ``spec.lora.maxLoras`` is auto and ``spec.lora.tuning.apply`` is on, within the same bounds.
     """
     model = resolve_dims(spec, dims)
     gpu: GpuType = GPUS[spec.gpu.product]
@@ -193,7 +200,7 @@ def plan_pool(
     rank = derive_max_lora_rank(spec.lora, adapters)
     budget = memory_budget(spec, model, gpu, b, problems=[*early, *model_len.problems, *rank.problems])
     one_seq = model_len.value * budget.kv_per_token_bytes
-    slots = derive_max_loras(spec, len(adapters), rank.value, budget, one_seq_bytes=one_seq, dtype_size=lb)
+    slots = derive_max_loras(spec, len(adapters), rank.value, budget, one_seq_bytes=one_seq, dtype_size=lb, tuned=tuned)
     lora = lora_buffer_bytes(model, max_loras=slots.value, max_rank=rank.value, dtype_size=lb, tp=spec.gpu.count)
     cpu = (
         derive_max_cpu_loras(spec, model, len(adapters), rank.value, slots.value, budget, dtype_size=lb)
@@ -217,6 +224,14 @@ def plan_pool(
         model=model.key,
         gpu=gpu.product,
         warnings=(*slots.warnings, *cpu.warnings),
+        slots=SlotBounds(
+            current=slots.value,
+            max_slots=max(1, min(slot_fit(spec, rank.value, budget, one_seq, lb), spec.vllm.max_num_seqs)),
+            n_adapters=len(adapters),
+            slot_bytes=lora_buffer_bytes(model, max_loras=1, max_rank=rank.value, dtype_size=lb, tp=spec.gpu.count),
+            kv_per_token_bytes=budget.kv_per_token_bytes,
+        ),
+        concurrency=slots.concurrency,
     )
 
 
@@ -347,12 +362,61 @@ def memory_budget(
     )
 
 
-def derive_max_loras(
-    spec: LoRAPoolSpec, n_adapters: int, rank: int, budget: Budget, *, one_seq_bytes: int, dtype_size: int
-) -> Derived:
-    """--max-loras: a slot per adapter plus spares while they are cheap, bounded by the KV-cache floor.
+def _floor(spec: LoRAPoolSpec, budget: Budget, one_seq_bytes: int) -> tuple[int, str]:
+    """The KV-cache floor LoRA buffers may not cross, in bytes and in words."""
+    lora = spec.lora
+    before = budget.before_lora_bytes
+    floor_bytes = max(lora.min_kv_cache_sequences * one_seq_bytes, int(lora.min_kv_cache_fraction * before))
+    words = (
+        f"max({lora.min_kv_cache_sequences} x {_len(spec, budget)}-token sequences, "
+        f"{lora.min_kv_cache_fraction:.0%} of {_gb(before)})"
+    )
+    return floor_bytes, words
 
-    An explicit spec value wins (a warning when slots would sit empty).
+
+def slot_fit(spec: LoRAPoolSpec, rank: int, budget: Budget, one_seq_bytes: int, dtype_size: int) -> int:
+    """The most slots at ``rank`` that keep the KV cache above its floor (0: not even one)."""
+    before = budget.before_lora_bytes
+    slot = lora_buffer_bytes(budget.model, max_loras=1, max_rank=rank, dtype_size=dtype_size, tp=spec.gpu.count)
+    floor_bytes, _ = _floor(spec, budget, one_seq_bytes)
+    return int((before - floor_bytes) // slot) if before > floor_bytes else 0
+
+
+def concurrency_fixed_point(
+    spec: LoRAPoolSpec, n_adapters: int, budget: Budget, *, slot_bytes: int, fit: int, rounds: int = 6
+) -> Concurrency:
+    """The concurrency estimate at the slot count it implies: fewer slots leave more KV cache,
+    which holds more sequences, which use more distinct adapters; a few rounds settle it."""
+    slots = min(max(1, n_adapters), spec.vllm.max_num_seqs, max(fit, 1))
+    conc = None
+    for _ in range(rounds):
+        kv_tokens = max(0, budget.before_lora_bytes - slots * slot_bytes) // budget.kv_per_token_bytes
+        conc = estimate_concurrency(
+            n_adapters, kv_tokens=kv_tokens, max_num_seqs=spec.vllm.max_num_seqs, max_model_len=_len(spec, budget)
+        )
+        settled = min(max(1, conc.distinct), spec.vllm.max_num_seqs, max(fit, 1))
+        if settled == slots:
+            break
+        slots = settled
+    assert conc is not None
+    return conc
+
+
+def derive_max_loras(
+    spec: LoRAPoolSpec,
+    n_adapters: int,
+    rank: int,
+    budget: Budget,
+    *,
+    one_seq_bytes: int,
+    dtype_size: int,
+    tuned: int | None = None,
+) -> Derived:
+    """--max-loras: slots for the distinct adapters a full batch holds (the concurrency estimate),
+    plus spares while they are cheap, bounded by the KV-cache floor and maxNumSeqs.
+
+    An explicit spec value wins (a warning when slots would sit empty); else a ``tuned`` value
+    from the sizing loop, within the same bounds; else the estimate.
     """
     if spec.lora.max_loras != AUTO:
         value = int(spec.lora.max_loras)
@@ -363,39 +427,45 @@ def derive_max_loras(
     lora = spec.lora
     before = budget.before_lora_bytes
     slot = lora_buffer_bytes(budget.model, max_loras=1, max_rank=rank, dtype_size=dtype_size, tp=spec.gpu.count)
-    floor_bytes = max(lora.min_kv_cache_sequences * one_seq_bytes, int(lora.min_kv_cache_fraction * before))
-    floor = (
-        f"max({lora.min_kv_cache_sequences} x {_len(spec, budget)}-token sequences, "
-        f"{lora.min_kv_cache_fraction:.0%} of {_gb(before)})"
-    )
-    fit = (before - floor_bytes) // slot if before > floor_bytes else 0
+    floor_bytes, floor = _floor(spec, budget, one_seq_bytes)
+    fit = slot_fit(spec, rank, budget, one_seq_bytes, dtype_size)
     need = max(1, n_adapters)
-    wanted = slot_headroom(
-        n_adapters, slot_bytes=slot, before_lora_bytes=before, fraction=lora.headroom_kv_cache_fraction
-    )
-    value = int(min(wanted, spec.vllm.max_num_seqs, fit))
-    if value < 1:
+    conc = concurrency_fixed_point(spec, n_adapters, budget, slot_bytes=slot, fit=fit)
+    demand = max(1, conc.distinct)
+    if fit < 1:
         problem = (
             f"spec.lora: even one LoRA slot at rank {rank} ({_gb(slot)}) leaves the KV cache below its floor of "
             f"{_gb(floor_bytes)} ({floor}); lower spec.vllm.maxModelLen, "
             "lora.minKvCacheSequences or the adapters' rank, or use a larger GPU"
         )
-        return Derived(1, "1: nothing fits (see errors)", problems=(problem,))
+        return Derived(1, "1: nothing fits (see errors)", problems=(problem,), concurrency=conc)
+    if tuned is not None and lora.tuning is not None and lora.tuning.apply:
+        value = max(1, min(tuned, spec.vllm.max_num_seqs, fit))
+        why = (
+            f"{value}: applied by the sizing loop from the concurrency the engines reported (status.sizing; "
+            f"auto's {conc.describe()})"
+        )
+        return Derived(value, why, concurrency=conc)
+    wanted = slot_headroom(demand, slot_bytes=slot, before_lora_bytes=before, fraction=lora.headroom_kv_cache_fraction)
+    value = int(min(wanted, spec.vllm.max_num_seqs, fit))
+    concurrent = f" ({conc.describe()})" if demand < need else ""
     if value == wanted:
-        why = f"{value}: {_headroom_why(n_adapters, value, slot, rank, before, lora.headroom_kv_cache_fraction)}"
+        why = (
+            f"{value}: {_headroom_why(n_adapters, demand, value, slot, rank, before, lora.headroom_kv_cache_fraction)}"
+        )
     elif value == spec.vllm.max_num_seqs:
         why = f"{value}: capped by vllm.maxNumSeqs (a batch never holds more distinct adapters)"
-    elif value >= need:
+    elif value >= demand:
         why = (
-            f"{value}: a GPU slot for each of the {n_adapters} adapter(s) plus {value - need} spare; each slot at "
-            f"rank {rank} costs {_gb(slot)} and more would push the KV cache below {floor}"
+            f"{value}: a GPU slot for each of the {demand} adapter(s) a full batch holds plus {value - demand} spare; "
+            f"each slot at rank {rank} costs {_gb(slot)} and more would push the KV cache below {floor}"
         )
     else:
         why = (
             f"{value} of {n_adapters} adapters: each slot at rank {rank} costs {_gb(slot)}; more would push "
             f"the KV cache below {floor}; the router groups requests to keep the rest in the CPU cache"
         )
-    return Derived(value, why)
+    return Derived(value, why + concurrent, concurrency=conc)
 
 
 MIN_SLOTS = 8  # slots are cheap at low rank (Llama-3-8B r16: ~92 MB each); 8 spares most restarts
@@ -422,11 +492,15 @@ def slot_headroom(n_adapters: int, *, slot_bytes: int, before_lora_bytes: int, f
     return best
 
 
-def _headroom_why(n_adapters: int, value: int, slot: int, rank: int, before: int, fraction: float) -> str:
+def _headroom_why(n_adapters: int, demand: int, value: int, slot: int, rank: int, before: int, fraction: float) -> str:
     """The price tag of the chosen spare slots (or why there are none)."""
-    need = max(1, n_adapters)
+    need = max(1, demand)
     kv_bytes = max(1, before - need * slot)
-    each = f"a GPU slot for each of the {n_adapters} adapter(s)"
+    each = (
+        f"a GPU slot for each of the {n_adapters} adapter(s)"
+        if demand >= n_adapters
+        else f"a GPU slot for each of the {demand} of {n_adapters} adapters a full batch holds"
+    )
     limit = f"the {fraction:.0%} limit (spec.lora.headroomKvCacheFraction)"
     if value > need:
         spare = (value - need) * slot
@@ -436,9 +510,16 @@ def _headroom_why(n_adapters: int, value: int, slot: int, rank: int, before: int
         )
     if value >= max(MIN_SLOTS, 1 << (need - 1).bit_length()):
         return f"{each} ({_gb(slot * value)} at rank {rank})"
+    up = 1 << (need - 1).bit_length()
+    up = up * 2 if up == need else up
+    restart = (
+        "adding an adapter restarts the pods"
+        if demand >= n_adapters
+        else "the estimate moves slowly as adapters are added"
+    )
     return (
-        f"{each}, no spare: one spare slot at rank {rank} costs {_gb(slot)}, {slot / kv_bytes:.1%} of the KV "
-        f"cache, above {limit}; adding an adapter restarts the pods"
+        f"{each}, no spare: the next size up, {up} slots, costs {_gb((up - need) * slot)} more at rank {rank}, "
+        f"{(up - need) * slot / kv_bytes:.1%} of the KV cache, above {limit}; {restart}"
     )
 
 
