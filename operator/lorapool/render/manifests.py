@@ -487,7 +487,9 @@ def router_role(pool: LoRAPool) -> Obj:
         "kind": "Role",
         "metadata": _meta(pool, names.router(pool.metadata.name), "router"),
         "rules": [
-            {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}
+            {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
+            # The engine pods' sidecar reports (docs/status.md): the router routes by them.
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
         ],
     }
 
@@ -581,6 +583,9 @@ def router_deployment(pool: LoRAPool, plan: Plan, opts: RenderOptions) -> Obj:
             str(names.ROUTER_PORT),
             "--endpointslices",
             f"{ns}/{names.engine_service(p)}",
+            # Route by what each engine's sidecar reports it holds (loaded, loading, failed).
+            "--report-pods",
+            f"{ns}/{names.selector_string(p, 'engine')}",
             "--policy",
             router.policy.value,
             # The engines' LoRA capacity, known before vLLM reports it after its first step.
