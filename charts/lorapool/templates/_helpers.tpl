@@ -103,11 +103,12 @@ The operator's rules, exactly those of deploy/rbac.yaml (tests/delivery checks t
 - apiGroups: [discovery.k8s.io]
   resources: [endpointslices]
   verbs: [get, list, watch]
-# Engine pods: read their sidecars' reports (annotation and condition, docs/status.md) and
-# explain Pending pods in the pool's status.
+# Engine pods: read their sidecars' reports (annotation and condition, docs/status.md),
+# explain Pending pods in the pool's status, and annotate each with its placement slot and
+# pod-deletion-cost (docs/placement.md).
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list, watch]
+  verbs: [get, list, watch, patch]
 # Held so it may grant the engine pods' Role: each sidecar patches its own Pod's status.
 - apiGroups: [""]
   resources: [pods/status]

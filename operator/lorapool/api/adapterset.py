@@ -25,6 +25,12 @@ class DesiredAdapter(BaseModel):
     revision: str | None = None
     sha256: str | None = Field(default=None, pattern=SHA256_PATTERN)
     rank: int | None = Field(default=None, ge=1)
+    # The replica slots placed to hold it (docs/placement.md); absent: every replica.
+    replicas: tuple[int, ...] | None = None
+
+    def placed_on(self, slot: int | None) -> bool:
+        """True when the replica in ``slot`` should hold it; a replica with no slot yet holds only what is everywhere."""
+        return self.replicas is None or (slot is not None and slot in self.replicas)
 
 
 class AdapterSet(BaseModel):
@@ -38,6 +44,10 @@ class AdapterSet(BaseModel):
     base_model: str = Field(alias="baseModel")
     max_lora_rank: int = Field(alias="maxLoraRank", ge=1)
     adapters: tuple[DesiredAdapter, ...] = ()
+
+    def share(self, slot: int | None) -> AdapterSet:
+        """The set one replica converges to: adapters placed everywhere plus those placed on ``slot``."""
+        return self.model_copy(update={"adapters": tuple(a for a in self.adapters if a.placed_on(slot))})
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True, exclude_none=True, indent=2) + "\n"

@@ -21,6 +21,7 @@ from lorapool.api.models import LoRAAdapter, LoRAPool
 from lorapool.api.peft import parse_adapter_config, same_base_model
 from lorapool.api.report import adapter_identity, pod_report
 from lorapool.api.status import AdapterPhase, ConditionType, LoRAAdapterStatus
+from lorapool.controller.placement import Placement, decide_placement, observed_load, previous_k
 from lorapool.controller.status import (
     CONVERGING_REASONS,
     FAILED_REASONS,
@@ -164,6 +165,7 @@ class Decision:
     adapters: tuple[AdapterResult, ...]  # the pool's adapters (spec order), then unmerged LoRAAdapters
     objects: tuple[Obj, ...]  # children to server-side apply, in order; none while the plan is invalid
     identities: Mapping[str, str] = field(default_factory=dict)  # rendered adapter -> identity the sidecars load
+    placement: Placement | None = None  # where each adapter lives; None while the plan is invalid
 
 
 def decide(
@@ -172,12 +174,17 @@ def decide(
     verdicts: Sequence[AdapterResult],
     invalid: Sequence[tuple[str, str]],
     options: RenderOptions,
+    *,
+    pods: Sequence[Mapping[str, Any]] = (),
+    status: Mapping[str, Any] | None = None,
+    now: float = 0.0,
 ) -> Decision:
-    """Plan over the adapters not refused, render the children from the plan.
+    """Plan over the adapters not refused, place them (``controller.placement``), render the children.
 
     ``verdicts`` are ``judge_adapter`` results in ``merged.adapters`` order. Every rank the
     planner sees either fits its max-lora-rank or makes the plan fail naming the adapter, so
-    an adapter that reaches the rendered set always loads.
+    an adapter that reaches the rendered set always loads. ``pods`` (the engine pods, with their
+    sidecars' reports), the pool's last ``status`` and ``now`` (Unix seconds) feed placement.
     """
     rest = unmerged(merged, invalid)
     servable = [(a, v) for a, v in zip(merged.adapters, verdicts, strict=True) if v.phase != AdapterPhase.FAILED]
@@ -185,9 +192,12 @@ def decide(
         plan = plan_pool(pool.spec, [AdapterRank(a.spec.name, a.field, v.rank) for a, v in servable])
     except PlanError as exc:
         return Decision(None, exc.problems, (*verdicts, *rest), ())
-    objects = render_pool(pool, plan, [a for a, _ in servable], options)
+    placement = decide_placement(
+        pool, [a.spec.name for a, _ in servable], plan.max_cpu_loras, previous_k(status), observed_load(pods), now
+    )
+    objects = render_pool(pool, plan, [a for a, _ in servable], options, placement.holders)
     identities = {a.spec.name: adapter_identity(a.spec.source, a.spec.revision, a.spec.sha256) for a, _ in servable}
-    return Decision(plan, (), (*verdicts, *rest), tuple(objects), identities)
+    return Decision(plan, (), (*verdicts, *rest), tuple(objects), identities, placement)
 
 
 # --- 5. observe ------------------------------------------------------------------------------
@@ -271,6 +281,7 @@ def observe(
         endpoint=names.endpoint(name, namespace),
         selector=names.selector_string(name, "engine"),
         presence=presence(decision.identities, pods),
+        placement=decision.placement,
     )
 
 

@@ -130,6 +130,16 @@ class Kube:
         WRITES.labels(obj["kind"], "apply").inc()
         return True
 
+    def annotate(self, kind: str, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
+        """Merge-patch ``annotations`` onto an object (None removes one); the placement slots of engine pods."""
+        self._call(
+            "PATCH",
+            self.path(kind, namespace, name),
+            body={"metadata": {"annotations": dict(annotations)}},
+            content_type="application/merge-patch+json",
+        )
+        WRITES.labels(kind, "annotate").inc()
+
     def patch_status(self, kind: str, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         self._call(
             "PATCH",

@@ -24,6 +24,7 @@ from lorapool.api.status import AdapterPhase, LoRAPoolStatus
 from lorapool.controller import decide
 from lorapool.controller.decide import Decision, Event, Fetched
 from lorapool.controller.kube import Kube
+from lorapool.controller.placement import assign_slots, pod_slots, slot_patches
 from lorapool.controller.status import (
     NOWHERE,
     AdapterResult,
@@ -129,10 +130,22 @@ class PoolReconciler:
         objects = decide.pool_adapters(adapter_bodies, name)
         merged = merge_adapters(pool, objects.valid)
         verdicts = await self._read_adapter_metadata(pool, merged.adapters)
+        # 2b. read engine pods: their slots and their sidecars' load reports feed placement
+        pods = await self._io(self.kube.list, "Pod", namespace, names.selector_string(name, "engine"))
         # 3. decide (pure)
-        decision = decide.decide(pool, merged, verdicts, objects.invalid, self.settings.render)
+        decision = decide.decide(
+            pool,
+            merged,
+            verdicts,
+            objects.invalid,
+            self.settings.render,
+            pods=pods,
+            status=body.get("status"),
+            now=time.time(),
+        )
         # 4. apply
         await self._apply(pool, decision.objects)
+        await self._assign_slots(pool, pods)
         # 5. observe
         observed = await self._observe(pool, body, decision)
         # 6. report
@@ -162,6 +175,21 @@ class PoolReconciler:
                         "object": obj["metadata"]["name"],
                     },
                 )
+
+    async def _assign_slots(self, pool: LoRAPool, pods: Sequence[Mapping[str, Any]]) -> None:
+        """Give each engine pod its stable placement slot (and the deletion cost that keeps scale-downs
+        at the top slot); written only where a pod's annotations are stale."""
+        current = pod_slots(pods)
+        for pod, patch in slot_patches(current, assign_slots(current, pool.spec.replicas)).items():
+            await self._io(self.kube.annotate, "Pod", pool.metadata.namespace, pod, patch)
+            log.info(
+                "Annotated Pod",
+                extra={
+                    "pool": f"{pool.metadata.namespace}/{pool.metadata.name}",
+                    "object": pod,
+                    "slot": patch[names.SLOT_ANNOTATION],
+                },
+            )
 
     async def _observe(self, pool: LoRAPool, body: Mapping[str, Any], decision: Decision) -> Observed:
         namespace, name = pool.metadata.namespace, pool.metadata.name
@@ -220,6 +248,9 @@ class PoolReconciler:
                 presence,
                 routable=observed.router_ready,
                 blocked="; ".join(observed.plan_errors),
+                placed=observed.placement.placed(r.name, pool.spec.replicas)
+                if observed.placement and r.phase not in (AdapterPhase.FAILED, AdapterPhase.CONFLICT)
+                else None,
             )
             status = status.model_copy(
                 update={"conditions": merge_conditions(current.get("conditions") or [], status.conditions, _now())}

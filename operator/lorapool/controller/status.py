@@ -29,6 +29,7 @@ from lorapool.api.status import (
     PlanStatus,
     condition,
 )
+from lorapool.controller.placement import Placement, rfc3339
 
 READY, PROGRESSING, DEGRADED = ConditionType.READY, ConditionType.PROGRESSING, ConditionType.DEGRADED
 ACCEPTED = ConditionType.ACCEPTED
@@ -116,6 +117,7 @@ class Observed:
     endpoint: str
     selector: str
     presence: Mapping[str, Presence] = field(default_factory=dict)  # adapter name -> what the engines hold
+    placement: Placement | None = None  # where each adapter lives (controller.placement)
 
     def of(self, name: str) -> Presence:
         return self.presence.get(name, NOWHERE)
@@ -139,7 +141,8 @@ def pool_status(o: Observed) -> LoRAPoolStatus:
         observed_generation=o.generation,
         conditions=[*conditions, *_kstatus_conditions(o, conditions[1])],
         plan=o.plan,
-        adapters=[_adapter_status(a, o.of(a.name)) for a in o.adapters],
+        placement=o.placement.status if o.placement else None,
+        adapters=[_adapter_status(a, o.of(a.name), o.placement, o.desired_replicas) for a in o.adapters],
         adapter_count=len(o.adapters),
         replicas=counts.existing,
         ready_replicas=counts.ready,
@@ -148,15 +151,23 @@ def pool_status(o: Observed) -> LoRAPoolStatus:
     )
 
 
-def _adapter_status(a: AdapterResult, p: Presence) -> AdapterStatus:
+def _adapter_status(a: AdapterResult, p: Presence, placement: Placement | None, replicas: int) -> AdapterStatus:
     served = a.phase not in (AdapterPhase.FAILED, AdapterPhase.CONFLICT)
+    placed = placement.placed(a.name, replicas) if placement and served else None
+    k = placement.k.get(a.name) if placement and served else None
+    message = served_message(a, p)
+    if placed == 0 and replicas and not message:
+        message = "placed on no replica: no replica has room (see status.placement)"
     return AdapterStatus(
         name=a.name,
         source_kind=a.origin,
         rank=a.rank,
         phase=served_phase(a, p),
         loaded_replicas=p.loaded if served else None,
-        message=served_message(a, p) or None,
+        message=message or None,
+        placed_replicas=placed,
+        target_replicas=k.k if k else None,
+        target_changed_at=rfc3339(k.changed_at_s) if k else None,
     )
 
 
@@ -203,6 +214,8 @@ def _degraded(o: Observed) -> Condition:
         for a in o.adapters
         if not a.problem and o.of(a.name).failures
     ]
+    if o.placement and o.placement.status.unplaced:
+        problems.append(f"placement: {o.placement.status.reason}")
     if o.unschedulable:
         problems.insert(0, o.unschedulable)
     if not problems:
@@ -278,6 +291,7 @@ def adapter_object_status(
     *,
     routable: bool = True,
     blocked: str = "",
+    placed: int | None = None,
 ) -> LoRAAdapterStatus:
     """The status of one LoRAAdapter attached to ``pool``: Accepted (the verdict), Ready (an engine
     holds it and the router serves: a request for it succeeds), Degraded (a human must act).
@@ -310,6 +324,7 @@ def adapter_object_status(
         observed_generation=generation,
         pool=pool,
         rank=r.rank,
+        placed_replicas=placed,
         phase=phase,
         loaded_replicas=p.loaded if accepted or r.phase == AdapterPhase.PENDING else None,
         message=served_message(r, p),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,13 +33,24 @@ class RenderOptions:
     image_pull_policy: str = "IfNotPresent"
 
 
+Holders = Mapping[str, Sequence[int]]  # adapter -> the replica slots placed to hold it
+
+
 def render_pool(
-    pool: LoRAPool, plan: Plan, adapters: Sequence[PoolAdapter], options: RenderOptions | None = None
+    pool: LoRAPool,
+    plan: Plan,
+    adapters: Sequence[PoolAdapter],
+    options: RenderOptions | None = None,
+    holders: Holders | None = None,
 ) -> list[Obj]:
-    """Every child object of ``pool``, in apply order."""
+    """Every child object of ``pool``, in apply order.
+
+    ``holders`` is the placement (``lorapool.plan.placement``) in replica slots; None while every
+    replica holds every adapter (small pools, and offline renders without observed load).
+    """
     opts = options or RenderOptions()
     objects = [
-        adapters_configmap(pool, plan, adapters),
+        adapters_configmap(pool, plan, adapters, holders),
         engine_service(pool),
         engine_serviceaccount(pool),
         engine_role(pool),
@@ -76,26 +87,40 @@ def _owned(pool: LoRAPool, obj: Obj) -> Obj:
     return obj
 
 
-def adapter_set(pool: LoRAPool, plan: Plan, adapters: Sequence[PoolAdapter]) -> AdapterSet:
+def adapter_set(
+    pool: LoRAPool, plan: Plan, adapters: Sequence[PoolAdapter], holders: Holders | None = None
+) -> AdapterSet:
+    """What the sidecars read: every adapter, with the slots that hold it when placement is on."""
+
+    def slots(name: str) -> tuple[int, ...] | None:
+        return None if holders is None else tuple(sorted(holders.get(name, ())))
+
     return AdapterSet(
         pool=pool.metadata.name,
         base_model=pool.spec.base_model.name,
         max_lora_rank=plan.max_lora_rank,
         adapters=tuple(
             DesiredAdapter(
-                name=a.spec.name, source=a.spec.source, revision=a.spec.revision, sha256=a.spec.sha256, rank=a.spec.rank
+                name=a.spec.name,
+                source=a.spec.source,
+                revision=a.spec.revision,
+                sha256=a.spec.sha256,
+                rank=a.spec.rank,
+                replicas=slots(a.spec.name),
             )
             for a in adapters
         ),
     )
 
 
-def adapters_configmap(pool: LoRAPool, plan: Plan, adapters: Sequence[PoolAdapter]) -> Obj:
+def adapters_configmap(
+    pool: LoRAPool, plan: Plan, adapters: Sequence[PoolAdapter], holders: Holders | None = None
+) -> Obj:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _meta(pool, names.adapters_configmap(pool.metadata.name), "adapters"),
-        "data": {CONFIGMAP_KEY: adapter_set(pool, plan, adapters).to_json()},
+        "data": {CONFIGMAP_KEY: adapter_set(pool, plan, adapters, holders).to_json()},
     }
 
 
@@ -296,6 +321,7 @@ def _engine_volumes(pool: LoRAPool, adapters: Sequence[PoolAdapter]) -> list[Obj
         {"name": "models", "emptyDir": {}},
         {"name": "tmp", "emptyDir": {}},
         _report_token_volume(),
+        _podinfo_volume(),
     ]
     if spec.base_model.source.startswith("pvc://"):
         claim = _pvc_claim(spec.base_model.source)
@@ -308,6 +334,13 @@ def _engine_volumes(pool: LoRAPool, adapters: Sequence[PoolAdapter]) -> list[Obj
                     {"name": f"pvc-{claim}", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
                 )
     return volumes
+
+
+def _podinfo_volume() -> Obj:
+    """The pod's placement slot as a file the kubelet refreshes when the operator sets the annotation
+    (empty until then); mounted into the sidecar only."""
+    field = f"metadata.annotations['{names.SLOT_ANNOTATION}']"
+    return {"name": "podinfo", "downwardAPI": {"items": [{"path": names.SLOT_FILE, "fieldRef": {"fieldPath": field}}]}}
 
 
 def _report_token_volume() -> Obj:
@@ -377,6 +410,8 @@ def _sidecar_container(pool: LoRAPool, opts: RenderOptions, pvc_mounts: list[Obj
         "0.0.0.0",
         "--status-port",
         str(names.SIDECAR_STATUS_PORT),
+        "--slot-file",
+        f"{names.PODINFO_MOUNT}/{names.SLOT_FILE}",
     ]
     return {
         "name": "adapter-sync",
@@ -409,6 +444,7 @@ def _sidecar_container(pool: LoRAPool, opts: RenderOptions, pvc_mounts: list[Obj
             {"name": "adapters-config", "mountPath": names.ADAPTERS_CONFIG_MOUNT, "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},
             {"name": "report-token", "mountPath": names.SERVICE_ACCOUNT_MOUNT, "readOnly": True},
+            {"name": "podinfo", "mountPath": names.PODINFO_MOUNT, "readOnly": True},
             *pvc_mounts,
         ],
         "securityContext": _restricted(read_only_root=True),

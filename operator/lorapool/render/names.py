@@ -14,6 +14,13 @@ FIELD_MANAGER = "lorapool-operator"
 ADAPTERS_MOUNT = "/adapters"
 ADAPTERS_CONFIG_MOUNT = "/etc/lorapool"
 MODELS_MOUNT = "/models"
+# Placement (docs/placement.md): the operator gives each engine pod a stable slot (0..replicas-1)
+# in this annotation; the sidecar reads it through a downward-API file; the deletion cost makes a
+# scale-down remove the highest slot, so only that slot's adapters move.
+SLOT_ANNOTATION = "lorapool.io/slot"
+POD_DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
+PODINFO_MOUNT = "/etc/podinfo"
+SLOT_FILE = "slot"
 # Where the sidecar (only) finds its projected ServiceAccount token, as in-cluster clients expect it.
 SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 # The engines' API key: vLLM reads this variable as its --api-key; the router and the sidecar send it.

@@ -45,6 +45,7 @@ from lorapool.sidecar.core import (
     identity_of,
     lost_adapters,
     parse_config,
+    parse_slot,
     replica_report,
     retry_delay_s,
     rfc3339,
@@ -85,6 +86,9 @@ class Settings:
     report_interval_s: float = 2.0  # at most one report write per this many seconds
     observe_window_s: float = 60.0  # the report's observations cover this long (one write per window)
     observe_sample_s: float = 2.0  # engine /metrics scraped this often for the observations
+    # The downward-API file holding this pod's placement slot (docs/placement.md); None: no slot,
+    # so the replica holds only adapters placed on every replica (all of them while placement is off).
+    slot_path: Path | None = None
 
 
 class _Refused(Exception):
@@ -144,6 +148,7 @@ class Agent:
         self.state: dict[str, AdapterState] = {}
         self.pool: AdapterSet | None = None
         self.rejected: dict[str, str] = {}
+        self.slot: int | None = None  # this replica's placement slot, None until the operator assigns one
         self.config_error: str | None = None
         self.config_loaded_at: float | None = None
         self.engine_healthy = False
@@ -278,6 +283,7 @@ class Agent:
             self.state,
             self.rejected,
         )
+        document["slot"] = self.slot
         pod = self.settings.pod
         document["report"] = {
             "pod": f"{pod.namespace}/{pod.name}" if pod else None,
@@ -308,6 +314,11 @@ class Agent:
     def read_config(self) -> None:
         """Re-read the config file; apply it if it changed and parses, else keep the last good set."""
         path = self.settings.config_path
+        slot = self._read_slot()
+        if slot != self.slot:
+            log.info("Placement slot changed", extra={"kv": {"from": self.slot, "to": slot}})
+            self.slot = slot
+            self._config_bytes = self._bad_config_bytes = None  # the share depends on the slot: re-apply
         try:
             raw = path.read_bytes()
         except OSError as exc:
@@ -326,17 +337,34 @@ class Agent:
         except ValueError as exc:
             self._config_failed(raw, str(exc))
             return
-        self.pool, self.rejected = parsed.adapters, dict(parsed.rejected)
+        self.pool, self.rejected = parsed.adapters.share(self.slot), dict(parsed.rejected)
         self._config_bytes, self._bad_config_bytes = raw, None
         self.config_error = None
         self.config_loaded_at = self.clock()
         log.info(
             "Loaded config",
-            extra={"kv": {"pool": self.pool.pool, "adapters": len(self.pool.adapters), "rejected": len(self.rejected)}},
+            extra={
+                "kv": {
+                    "pool": self.pool.pool,
+                    "adapters": len(self.pool.adapters),
+                    "listed": len(parsed.adapters.adapters),
+                    "slot": self.slot,
+                    "rejected": len(self.rejected),
+                }
+            },
         )
         for name, why in self.rejected.items():
             log.warning("Rejected adapter", extra={"kv": {"adapter": name, "error": why}})
         self.kick()
+
+    def _read_slot(self) -> int | None:
+        """The slot in the downward-API file; None while it is absent or empty (not assigned yet)."""
+        if self.settings.slot_path is None:
+            return None
+        try:
+            return parse_slot(self.settings.slot_path.read_text())
+        except OSError:
+            return None
 
     def _config_failed(self, raw: bytes | None, message: str) -> None:
         kept = len(self.pool.adapters) if self.pool else 0

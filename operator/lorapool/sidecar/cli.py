@@ -53,6 +53,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=60.0,
         help="the report's engine observations (slot demand, slot waits, KV usage) cover this long",
     )
+    parser.add_argument(
+        "--slot-file",
+        type=Path,
+        default=None,
+        help="downward-API file with this pod's placement slot (annotation lorapool.io/slot); "
+        "without it the replica holds only adapters placed on every replica",
+    )
     parser.add_argument("--seed", type=int, default=None, help="seed the backoff jitter (tests)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
@@ -92,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
         report_kubeconfig=args.report_kubeconfig,
         report_interval_s=args.report_interval_seconds,
         observe_window_s=args.observe_window_seconds,
+        slot_path=args.slot_file,
     )
 
     async def main() -> None:

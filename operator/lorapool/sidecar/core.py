@@ -237,6 +237,16 @@ def parse_config(text: bytes, *, path: str) -> ParsedConfig:
     return ParsedConfig(base.model_copy(update={"adapters": tuple(good)}), rejected)
 
 
+def parse_slot(text: str | None) -> int | None:
+    """This replica's placement slot from the downward-API file of annotation ``lorapool.io/slot``.
+
+    Empty or missing (the operator has not assigned one yet) or unreadable: None, and the
+    replica holds only the adapters placed on every replica until its slot arrives.
+    """
+    value = (text or "").strip()
+    return int(value) if value.isdigit() else None
+
+
 def _first(exc: Any) -> str:
     err = exc.errors()[0]
     where = ".".join(str(p) for p in err.get("loc", ())) or "document"

@@ -1,0 +1,244 @@
+"""The reconcile's placement step: replica slots, each adapter's k, its holders. Pure.
+
+Called by ``controller.reconcile`` between reading the adapters and rendering; the placement
+itself is ``lorapool.plan.placement`` (the same code the benchmark runs). Here it meets the
+cluster, in plain data:
+
+- **Slots** are the stable replica identities placement hashes over: ``0 .. spec.replicas-1``,
+  one per engine pod, kept in the pod's annotation ``lorapool.io/slot``. A pod keeps its slot
+  for life; a new pod (a rollout's replacement, a scale-up) takes the smallest free one, so a
+  rolling update hands the replacement the slot (and the share) of the pod it replaces and moves
+  nothing. ``controller.kubernetes.io/pod-deletion-cost`` = -slot makes a scale-down remove the
+  highest slot, the one placement drops. The sidecar reads its slot from a downward-API file.
+- **k** per adapter: ``spec.placement`` (a number, an override, 'all') or, under 'auto', from its
+  load in the sidecars' reports (``next_k``: hysteresis), remembered across reconciles in
+  ``status.adapters[].targetReplicas`` / ``targetChangedAt``.
+- **Mode**: 'auto' keeps every adapter on every replica while the catalog fits one replica's
+  CPU cache (``maxCpuLoras``): small pools behave as before placement existed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from lorapool.api.models import ALL, AUTO, LoRAPool
+from lorapool.api.report import pod_report
+from lorapool.api.status import PlacementMode, PlacementStatus
+from lorapool.plan.placement import AdapterLoad, KState, ScalingRule, clip_k, next_k, place
+from lorapool.render import names
+
+# What the operator's 'auto' k reacts to, in the units the sidecars' reports give (api/report.py):
+# ``waiting`` = the sum over replicas of the share of the window its requests waited for a slot
+# (a lower bound of its mean queued requests), compared per holder; TTFT p99 of the replicas it
+# kept busy (in flight at least half the window). Expansion is quick (a window), shrinking slow.
+EXPAND_WAITING_PER_HOLDER = 0.5
+SHRINK_WAITING_PER_HOLDER = 0.1
+EXPAND_TTFT_P99_S = 2.0
+SHRINK_TTFT_P99_S = 1.0
+EXPAND_INTERVAL_S = 30.0  # about one report window: new holders load and take traffic first
+BUSY_SHARE = 0.5  # a replica's TTFT counts for an adapter in flight there this share of the window
+
+
+# --- slots -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PodSlot:
+    """An engine pod as placement sees it."""
+
+    name: str
+    slot: int | None  # its annotation, None when absent or unreadable
+    created: str  # creationTimestamp: older pods choose first
+    terminating: bool
+    deletion_cost: str | None = None
+
+
+def pod_slots(pods: Sequence[Mapping[str, Any]]) -> list[PodSlot]:
+    out = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        annotations = meta.get("annotations") or {}
+        raw = str(annotations.get(names.SLOT_ANNOTATION, ""))
+        out.append(
+            PodSlot(
+                name=str(meta.get("name", "")),
+                slot=int(raw) if raw.isdigit() else None,
+                created=str(meta.get("creationTimestamp", "")),
+                terminating=bool(meta.get("deletionTimestamp")),
+                deletion_cost=annotations.get(names.POD_DELETION_COST_ANNOTATION),
+            )
+        )
+    return out
+
+
+def assign_slots(pods: Sequence[PodSlot], replicas: int) -> dict[str, int | None]:
+    """Pod -> slot. A live pod keeps a slot below ``replicas`` that no older pod holds; the rest take
+    the smallest free slot, oldest pod first; terminating pods and pods beyond ``replicas`` get None."""
+    live = sorted((p for p in pods if not p.terminating), key=lambda p: (p.created, p.name))
+    taken: dict[int, str] = {}
+    out: dict[str, int | None] = {p.name: None for p in pods}
+    for p in live:
+        if p.slot is not None and p.slot < replicas and p.slot not in taken:
+            taken[p.slot] = p.name
+            out[p.name] = p.slot
+    free = iter(sorted(set(range(replicas)) - set(taken)))
+    for p in live:
+        if out[p.name] is None:
+            out[p.name] = next(free, None)
+    return out
+
+
+def slot_patches(pods: Sequence[PodSlot], assigned: Mapping[str, int | None]) -> dict[str, dict[str, str | None]]:
+    """Pod -> the annotations to merge-patch (None removes one), for pods whose slot or cost is stale."""
+    patches: dict[str, dict[str, str | None]] = {}
+    for p in pods:
+        if p.terminating:
+            continue
+        slot = assigned.get(p.name)
+        cost = None if slot is None else str(-slot)
+        if p.slot != slot or p.deletion_cost != cost:
+            patches[p.name] = {
+                names.SLOT_ANNOTATION: None if slot is None else str(slot),
+                names.POD_DELETION_COST_ANNOTATION: cost,
+            }
+    return patches
+
+
+# --- load and memory -------------------------------------------------------------------------
+
+
+def observed_load(pods: Sequence[Mapping[str, Any]]) -> dict[str, AdapterLoad]:
+    """Each adapter's load over the last window, summed over the live pods' reports.
+
+    The reports carry no request rate per adapter: ``requests_per_s`` is left 0 (``next_k`` does
+    not read it).
+    """
+    waiting: dict[str, float] = {}
+    ttft: dict[str, float] = {}
+    for pod in pods:
+        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        report = pod_report(pod)
+        obs = report.observations if report else None
+        if obs is None or obs.window_s <= 0:
+            continue
+        for name, load in obs.adapters.items():
+            waiting[name] = waiting.get(name, 0.0) + load.waiting_s / obs.window_s
+            if obs.ttft_p99_s is not None and load.inflight_s >= BUSY_SHARE * obs.window_s:
+                ttft[name] = max(ttft.get(name, 0.0), obs.ttft_p99_s)
+    return {n: AdapterLoad(requests_per_s=0.0, waiting=w, ttft_p99_s=ttft.get(n)) for n, w in waiting.items()}
+
+
+def rfc3339(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _epoch(text: str) -> float | None:
+    try:
+        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return None
+
+
+def previous_k(status: Mapping[str, Any] | None) -> dict[str, KState]:
+    """The k each adapter had, from the pool's last status (what survives an operator restart)."""
+    out: dict[str, KState] = {}
+    for a in (status or {}).get("adapters") or []:
+        k, since = a.get("targetReplicas"), a.get("targetChangedAt")
+        if isinstance(k, int) and k >= 1 and isinstance(since, str) and (at := _epoch(since)) is not None:
+            out[str(a.get("name"))] = KState(k, at)
+    return out
+
+
+# --- the decision ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where every adapter lives this reconcile, and what status says about it."""
+
+    status: PlacementStatus
+    holders: Mapping[str, tuple[int, ...]] | None  # None: every replica holds every adapter
+    k: Mapping[str, KState] = field(default_factory=dict)  # k and since when, per adapter
+
+    def placed(self, adapter: str, replicas: int) -> int:
+        return replicas if self.holders is None else len(self.holders.get(adapter, ()))
+
+
+def scaling_rule(pool: LoRAPool) -> ScalingRule:
+    spec, n = pool.spec.placement, max(pool.spec.replicas, 1)
+    k_max = max(min(spec.max_replicas or n, n), 1)
+    return ScalingRule(
+        expand_waiting=EXPAND_WAITING_PER_HOLDER,
+        shrink_waiting=SHRINK_WAITING_PER_HOLDER,
+        expand_ttft_p99_s=EXPAND_TTFT_P99_S,
+        shrink_ttft_p99_s=SHRINK_TTFT_P99_S,
+        expand_interval_s=EXPAND_INTERVAL_S,
+        cooldown_s=float(spec.scale_down_cooldown_seconds),
+        k_min=min(spec.min_replicas, k_max),
+        k_max=k_max,
+    )
+
+
+def decide_placement(
+    pool: LoRAPool,
+    adapters: Sequence[str],
+    capacity: int,
+    previous: Mapping[str, KState],
+    load: Mapping[str, AdapterLoad],
+    now: float,
+) -> Placement:
+    """Mode, k and holders for the pool's servable ``adapters`` over slots 0..replicas-1.
+
+    ``capacity`` is the plan's maxCpuLoras: a replica is never told to hold more.
+    """
+    spec, n = pool.spec.placement, pool.spec.replicas
+    overrides = {o.name: o.replicas for o in spec.overrides if o.name in set(adapters)}
+    unknown = sorted(o.name for o in spec.overrides if o.name not in set(adapters))
+    fewer = any(v != ALL for v in overrides.values())
+    note = f"; overrides name no adapter of this pool: {', '.join(unknown)}" if unknown else ""
+    if n == 0 or (spec.replicas_per_adapter == AUTO and len(adapters) <= capacity and not fewer):
+        why = (
+            "no replicas"
+            if n == 0
+            else f"auto: the {len(adapters)} adapters fit each replica's CPU cache (maxCpuLoras {capacity}), "
+            "so every replica holds every adapter"
+        )
+        return Placement(
+            PlacementStatus(mode=PlacementMode.ALL_REPLICAS, reason=why + note, slots=n, capacity=capacity), None
+        )
+    if spec.replicas_per_adapter == AUTO:
+        rule, mine = scaling_rule(pool), set(adapters)
+        stepped = next_k(
+            {a: s for a, s in previous.items() if a in mine}, {a: x for a, x in load.items() if a in mine}, now, rule
+        )
+        k = {a: stepped.get(a, KState(rule.k_min, now)) for a in adapters}
+        why = (
+            f"auto: {len(adapters)} adapters exceed one replica's CPU cache (maxCpuLoras {capacity}): each adapter "
+            f"on k of {n} replicas, k from its load within {rule.k_min}..{rule.k_max}"
+        )
+    else:
+        fixed = int(spec.replicas_per_adapter)
+        k = {a: _kept(previous.get(a), fixed, now) for a in adapters}
+        why = f"replicasPerAdapter {fixed}: each adapter on {clip_k(fixed, n)} of {n} replicas"
+    for a, v in overrides.items():
+        k[a] = _kept(previous.get(a), n if v == ALL else int(v), now)
+    holders = place({a: s.k for a, s in k.items()}, [str(i) for i in range(n)], capacity)
+    unplaced = sorted(a for a, h in holders.items() if not h)
+    if unplaced:
+        why += (
+            f"; {len(unplaced)} adapters fit on no replica ({n} replicas x maxCpuLoras {capacity}): raise "
+            "spec.replicas or spec.lora.maxCpuLoras"
+        )
+    status = PlacementStatus(
+        mode=PlacementMode.K_OF_N, reason=why + note, slots=n, capacity=capacity, unplaced=len(unplaced)
+    )
+    return Placement(status, {a: tuple(sorted(int(r) for r in h)) for a, h in holders.items()}, k)
+
+
+def _kept(previous: KState | None, k: int, now: float) -> KState:
+    """A fixed k, keeping its timestamp while it does not change."""
+    return previous if previous is not None and previous.k == k else KState(k, now)
