@@ -14,8 +14,16 @@ import yaml
 from tests.delivery.helm import REPO
 
 from lorapool.api.models import LoRAPoolSpec
-from lorapool.api.status import LoRAPoolStatus
-from lorapool.controller.status import AdapterResult, Observed, merge_conditions, pool_status
+from lorapool.api.status import AdapterPhase, LoRAPoolStatus
+from lorapool.controller.status import (
+    NOWHERE,
+    AdapterResult,
+    Observed,
+    Presence,
+    adapter_object_status,
+    merge_conditions,
+    pool_status,
+)
 from lorapool.plan.planner import plan_pool
 
 ARGOCD = REPO / "deploy" / "argocd"
@@ -104,52 +112,43 @@ def test_lorapool_health(obj: dict[str, Any], status: str, message: str) -> None
 
 
 def adapter(
-    phase: str | None, ready: bool = False, degraded: bool = False, generation: int = 1, observed_generation: int = 1
+    verdict: AdapterResult | None,
+    presence: Presence = NOWHERE,
+    *,
+    routable: bool = True,
+    generation: int = 1,
+    observed_generation: int = 1,
 ) -> dict[str, Any]:
-    """A LoRAAdapter as the operator's reconcile writes it (controller/reconcile.py)."""
+    """A LoRAAdapter with the status the operator's own code computes (controller/status.py)."""
     obj: dict[str, Any] = {
         "apiVersion": "lorapool.io/v1alpha1",
         "kind": "LoRAAdapter",
         "metadata": {"name": "legal", "namespace": "ns", "generation": generation},
         "spec": {"poolRef": {"name": "teams"}, "source": "hf://acme/legal"},
     }
-    if phase is not None:
-        reason = {"Ready": "Servable", "Pending": "SourceUnreadable", "Conflict": "NameConflict"}.get(phase, "Invalid")
-        message = "" if ready else f"{phase.lower()} adapter"
-        obj["status"] = {
-            "observedGeneration": observed_generation,
-            "pool": "teams",
-            "rank": 8,
-            "phase": phase,
-            "message": message,
-            "conditions": [
-                {
-                    "type": "Ready",
-                    "status": "True" if ready else "False",
-                    "reason": reason,
-                    "message": message or "served by pool teams",
-                    "observedGeneration": observed_generation,
-                },
-                {
-                    "type": "Degraded",
-                    "status": "True" if degraded else "False",
-                    "reason": reason,
-                    "message": message,
-                    "observedGeneration": observed_generation,
-                },
-            ],
-        }
+    if verdict is not None:
+        status = adapter_object_status("teams", observed_generation, verdict, presence, routable=routable)
+        stamped = merge_conditions([], status.conditions, "2026-01-01T00:00:00Z")
+        obj["status"] = status.model_copy(update={"conditions": stamped}).to_patch()
     return obj
 
 
+def legal(phase: AdapterPhase, message: str = "") -> AdapterResult:
+    return AdapterResult("legal", "LoRAAdapter", 8, phase, message)
+
+
+ENGINE_REASON = "LoRA rank 64 is greater than max_lora_rank 16."
 ADAPTERS = {
-    "ready": (adapter("Ready", ready=True), "Healthy", "served by pool teams"),
-    "pending-metadata": (adapter("Pending"), "Progressing", "Pending"),
-    "failed": (adapter("Failed", degraded=True), "Degraded", "Invalid: failed adapter"),
-    "name-conflict": (adapter("Conflict", degraded=True), "Degraded", "NameConflict"),
+    "ready": (adapter(legal(AdapterPhase.LOADING), Presence(loaded=2)), "Healthy", "loaded on 2 ready replica(s) of pool teams"),
+    "loading": (adapter(legal(AdapterPhase.LOADING), Presence(loading=1)), "Progressing", "1 replica(s) loading it"),
+    "waiting-for-router": (adapter(legal(AdapterPhase.LOADING), Presence(loaded=1), routable=False), "Progressing", "router has no ready pod"),
+    "load-failed": (adapter(legal(AdapterPhase.LOADING), Presence(failures=(f"teams-engine-0: {ENGINE_REASON}",))), "Degraded", f"LoadFailed: failed to load on 1 replica(s): {ENGINE_REASON}"),
+    "pending-metadata": (adapter(legal(AdapterPhase.PENDING)), "Progressing", "Pending"),
+    "failed": (adapter(legal(AdapterPhase.FAILED, "uses DoRA")), "Degraded", "Invalid: uses DoRA"),
+    "name-conflict": (adapter(legal(AdapterPhase.CONFLICT, "pool teams declares legal inline")), "Degraded", "NameConflict"),
     "no-status-yet": (adapter(None), "Progressing", "pool teams"),
-    "stale-observed-generation": (adapter("Ready", ready=True, generation=2), "Progressing", "generation 2"),
-}
+    "stale-observed-generation": (adapter(legal(AdapterPhase.LOADING), Presence(loaded=1), generation=2), "Progressing", "generation 2"),
+}  # fmt: skip
 
 
 @pytest.mark.parametrize(("obj", "status", "message"), list(ADAPTERS.values()), ids=list(ADAPTERS))
