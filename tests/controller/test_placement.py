@@ -1,0 +1,244 @@
+"""The reconcile's placement step, table by table: slots, k from spec and load, status fields."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from lorapool.api.load import parse_object
+from lorapool.api.models import LoRAPool
+from lorapool.api.report import AdapterLoad as ReplicaLoad
+from lorapool.api.report import Observations, ReplicaReport, encode
+from lorapool.api.status import PlacementMode
+from lorapool.controller import decide
+from lorapool.controller.placement import (
+    PodSlot,
+    assign_slots,
+    decide_placement,
+    observed_load,
+    pod_slots,
+    previous_k,
+    rfc3339,
+    slot_patches,
+)
+from lorapool.controller.status import AdapterResult, pool_status
+from lorapool.plan.adapters import merge_adapters
+from lorapool.plan.placement import AdapterLoad, KState, rendezvous
+from lorapool.render import names
+from lorapool.render.manifests import RenderOptions
+
+BASE = "meta-llama/Meta-Llama-3-8B-Instruct"
+
+
+def pool(n_adapters: int = 4, replicas: int = 4, lora: dict[str, Any] | None = None, **placement: Any) -> LoRAPool:
+    obj = parse_object(
+        {
+            "apiVersion": "lorapool.io/v1alpha1",
+            "kind": "LoRAPool",
+            "metadata": {"name": "p", "namespace": "ml", "generation": 1},
+            "spec": {
+                "baseModel": {"name": BASE, "source": f"hf://{BASE}"},
+                "gpu": {"product": "A100-80GB"},
+                "replicas": replicas,
+                "adapters": [{"name": f"a{i}", "source": f"hf://acme/a{i}", "rank": 16} for i in range(n_adapters)],
+                "lora": lora or {},
+                "placement": placement,
+            },
+        }
+    )
+    assert isinstance(obj, LoRAPool), obj
+    return obj
+
+
+def names_of(n: int) -> list[str]:
+    return [f"a{i}" for i in range(n)]
+
+
+# --- slots -----------------------------------------------------------------------------------
+
+
+def ps(name: str, slot: int | None, created: str = "t1", terminating: bool = False) -> PodSlot:
+    return PodSlot(name, slot, created, terminating, None if slot is None else str(-slot))
+
+
+@pytest.mark.parametrize(
+    ("pods", "replicas", "want"),
+    [
+        pytest.param([ps("x", None, "t1"), ps("y", None, "t2")], 2, {"x": 0, "y": 1}, id="new-pods-oldest-first"),
+        pytest.param([ps("x", 1), ps("y", None)], 2, {"x": 1, "y": 0}, id="a-slot-is-kept-for-life"),
+        pytest.param(
+            [ps("old", 2, terminating=True), ps("a", 0), ps("b", 1), ps("new", None, "t9")],
+            3,
+            {"old": None, "a": 0, "b": 1, "new": 2},
+            id="rolling-update-replacement-takes-the-slot-of-the-pod-it-replaces",
+        ),
+        pytest.param(
+            [ps("a", 0), ps("b", 1), ps("c", 2)], 2, {"a": 0, "b": 1, "c": None}, id="beyond-replicas-no-slot"
+        ),
+        pytest.param(
+            [ps("a", 0), ps("c", 3), ps("d", None, "t5")], 3, {"a": 0, "c": 1, "d": 2}, id="scale-down-reslots-the-rest"
+        ),
+        pytest.param(
+            [ps("a", 1, "t1"), ps("b", 1, "t2")], 2, {"a": 1, "b": 0}, id="duplicate-slot-the-older-pod-keeps-it"
+        ),
+    ],
+)
+def test_assign_slots(pods: list[PodSlot], replicas: int, want: dict[str, int | None]) -> None:
+    assert assign_slots(pods, replicas) == want
+
+
+def test_slot_patches_touch_only_stale_pods_and_set_the_deletion_cost() -> None:
+    pods = [ps("a", 0), PodSlot("b", None, "t2", False), ps("gone", 5, terminating=True)]
+    patches = slot_patches(pods, assign_slots(pods, 2))
+    assert patches == {"b": {names.SLOT_ANNOTATION: "1", names.POD_DELETION_COST_ANNOTATION: "-1"}}
+
+
+def test_pod_slots_read_the_annotations() -> None:
+    pod = {
+        "metadata": {
+            "name": "p-engine-1",
+            "creationTimestamp": "2026-12-03T00:00:00Z",
+            "annotations": {names.SLOT_ANNOTATION: "3", names.POD_DELETION_COST_ANNOTATION: "-3"},
+        }
+    }
+    assert pod_slots([pod, {"metadata": {"name": "x", "deletionTimestamp": "now"}}]) == [
+        PodSlot("p-engine-1", 3, "2026-12-03T00:00:00Z", False, "-3"),
+        PodSlot("x", None, "", True, None),
+    ]
+
+
+# --- mode and k ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "adapters", "capacity", "mode", "k"),
+    [
+        pytest.param({}, 4, 8, PlacementMode.ALL_REPLICAS, None, id="auto-small-pool-every-replica"),
+        pytest.param({}, 8, 8, PlacementMode.ALL_REPLICAS, None, id="auto-catalog-exactly-fits"),
+        pytest.param({}, 9, 8, PlacementMode.K_OF_N, 1, id="auto-catalog-beyond-the-cache-k_min"),
+        pytest.param({"minReplicas": 2}, 9, 8, PlacementMode.K_OF_N, 2, id="auto-minReplicas"),
+        pytest.param({"replicasPerAdapter": 2}, 4, 8, PlacementMode.K_OF_N, 2, id="explicit-n-even-when-small"),
+        pytest.param({"replicasPerAdapter": 9}, 4, 8, PlacementMode.K_OF_N, 9, id="explicit-n-above-N-kept-as-asked"),
+    ],
+)
+def test_mode_and_k(spec: dict[str, Any], adapters: int, capacity: int, mode: PlacementMode, k: int | None) -> None:
+    got = decide_placement(pool(adapters, **spec), names_of(adapters), capacity, {}, {}, now=100.0)
+    assert got.status.mode == mode
+    if k is None:
+        assert got.holders is None and got.placed("a0", 4) == 4
+    else:
+        assert {s.k for s in got.k.values()} == {k}
+        assert {len(h) for h in got.holders.values()} == {min(k, 4)}  # type: ignore[union-attr]
+
+
+def test_overrides_pin_to_every_replica_or_a_number_and_name_unknown_adapters() -> None:
+    p = pool(
+        9,
+        overrides=[{"name": "a1", "replicas": "all"}, {"name": "a2", "replicas": 3}, {"name": "ghost", "replicas": 2}],
+    )
+    got = decide_placement(p, names_of(9), 8, {}, {}, now=0.0)
+    assert got.holders is not None
+    assert got.holders["a1"] == (0, 1, 2, 3) and len(got.holders["a2"]) == 3 and len(got.holders["a3"]) == 1
+    assert "ghost" in got.status.reason
+
+
+def test_a_numeric_override_turns_placement_on_in_a_small_pool() -> None:
+    got = decide_placement(pool(4, overrides=[{"name": "a0", "replicas": 1}]), names_of(4), 8, {}, {}, now=0.0)
+    assert got.status.mode == PlacementMode.K_OF_N and got.placed("a0", 4) == 1 and got.placed("a1", 4) == 1
+
+
+def test_holders_follow_rendezvous_over_slot_ids() -> None:
+    got = decide_placement(pool(9, replicas=5), names_of(9), 8, {}, {}, now=0.0)
+    assert got.holders is not None
+    for a, h in got.holders.items():
+        assert h == (int(rendezvous(a, [str(i) for i in range(5)])[0]),)
+
+
+def test_no_room_is_unplaced_and_said_in_status() -> None:
+    got = decide_placement(pool(12, replicas=2), names_of(12), 5, {}, {}, now=0.0)
+    assert got.status.unplaced == 2 and "raise spec.replicas or spec.lora.maxCpuLoras" in got.status.reason
+
+
+def test_auto_k_follows_load_with_hysteresis_and_remembers_it_in_status() -> None:
+    p = pool(9, scaleDownCooldownSeconds=60)
+    hot = {"a3": AdapterLoad(requests_per_s=0.0, waiting=2.0)}  # 2 replicas' worth of slot waits on 1 holder
+    first = decide_placement(p, names_of(9), 8, {}, hot, now=1000.0)
+    assert first.k["a3"] == KState(2, 1000.0)
+    # The status remembers it, the next reconcile reads it back (an operator restart keeps k).
+    assert previous_k({"adapters": [{"name": "a3", "targetReplicas": 2, "targetChangedAt": rfc3339(1000.0)}]}) == {
+        "a3": KState(2, 1000.0)
+    }
+    calm = decide_placement(p, names_of(9), 8, dict(first.k), {}, now=1030.0)
+    assert calm.k["a3"].k == 2  # inside the cooldown
+    later = decide_placement(p, names_of(9), 8, dict(first.k), {}, now=1061.0)
+    assert later.k["a3"] == KState(1, 1061.0)
+
+
+def test_fixed_k_keeps_its_timestamp_so_status_does_not_churn() -> None:
+    p = pool(4, replicasPerAdapter=2)
+    first = decide_placement(p, names_of(4), 8, {}, {}, now=10.0)
+    again = decide_placement(p, names_of(4), 8, dict(first.k), {}, now=99.0)
+    assert again.k == first.k
+
+
+# --- load from the sidecars' reports ---------------------------------------------------------
+
+
+def obs(adapters: dict[str, ReplicaLoad], ttft_p99_s: float | None = None) -> Observations:
+    return Observations(
+        window_s=60.0, end=1000.0, samples=30, max_loras=4, distinct_p50=2, distinct_p95=3, distinct_max=4,
+        slot_wait_s=0.0, kv_wait_s=0.0, kv_usage_p50=0.1, kv_usage_p95=0.2, kv_usage_max=0.3, running_p95=2,
+        waiting_p95=0, preemptions=0, ttft_p99_s=ttft_p99_s, adapters=adapters,
+    )  # fmt: skip
+
+
+def reported(name: str, o: Observations, terminating: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "annotations": {"lorapool.io/adapters": encode(ReplicaReport(True, {}, o))}}
+    if terminating:
+        meta["deletionTimestamp"] = "2026-12-03T00:00:00Z"
+    return {"metadata": meta}
+
+
+def test_observed_load_sums_waits_over_replicas_and_takes_ttft_where_the_adapter_was_busy() -> None:
+    pods = [
+        reported("p0", obs({"a": ReplicaLoad(60.0, 30.0), "b": ReplicaLoad(6.0, 0.0)}, ttft_p99_s=3.0)),
+        reported("p1", obs({"a": ReplicaLoad(40.0, 15.0)}, ttft_p99_s=1.5)),
+        reported("gone", obs({"a": ReplicaLoad(60.0, 60.0)}), terminating=True),
+        {"metadata": {"name": "no-report"}},
+    ]
+    got = observed_load(pods)
+    assert got["a"] == AdapterLoad(requests_per_s=0.0, waiting=0.75, ttft_p99_s=3.0)
+    assert got["b"] == AdapterLoad(requests_per_s=0.0, waiting=0.0, ttft_p99_s=None)  # in flight 10%: not its TTFT
+
+
+# --- through decide and pool_status ----------------------------------------------------------
+
+
+def test_decide_renders_each_adapters_slots_and_status_shows_placement() -> None:
+    p = pool(9, replicas=3, lora={"maxCpuLoras": 8, "maxLoras": 4})
+    merged = merge_adapters(p, [])
+    verdicts = [AdapterResult(a.spec.name, a.origin, 16, decide.AdapterPhase.LOADING) for a in merged.adapters]
+    d = decide.decide(p, merged, verdicts, [], RenderOptions(), now=5.0)
+    assert d.placement is not None and d.placement.holders is not None
+    cm = next(o for o in d.objects if o["kind"] == "ConfigMap")
+    listed = {a["name"]: a["replicas"] for a in json.loads(cm["data"]["adapters.json"])["adapters"]}
+    assert listed == {a: list(h) for a, h in d.placement.holders.items()}
+    observed = decide.observe(p, {"metadata": {"generation": 1}}, d, None, None, [])
+    status = pool_status(observed).to_wire()
+    assert status["placement"]["mode"] == "KOfN" and status["placement"]["capacity"] == 8
+    assert {a["name"]: a["placedReplicas"] for a in status["adapters"]} == dict.fromkeys(names_of(9), 1)
+    assert {a["targetReplicas"] for a in status["adapters"]} == {1}
+
+
+def test_a_small_pool_renders_exactly_as_before_placement() -> None:
+    p = pool(4, replicas=3)
+    merged = merge_adapters(p, [])
+    verdicts = [AdapterResult(a.spec.name, a.origin, 16, decide.AdapterPhase.LOADING) for a in merged.adapters]
+    d = decide.decide(p, merged, verdicts, [], RenderOptions())
+    cm = next(o for o in d.objects if o["kind"] == "ConfigMap")
+    assert '"replicas"' not in cm["data"]["adapters.json"]  # no slot lists: every replica holds every adapter
+    status = pool_status(decide.observe(p, {"metadata": {"generation": 1}}, d, None, None, [])).to_wire()
+    assert status["placement"]["mode"] == "AllReplicas"
+    assert {a["placedReplicas"] for a in status["adapters"]} == {3} and "targetReplicas" not in status["adapters"][0]
