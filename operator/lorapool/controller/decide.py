@@ -178,6 +178,7 @@ def decide(
     pods: Sequence[Mapping[str, Any]] = (),
     status: Mapping[str, Any] | None = None,
     now: float = 0.0,
+    tuned: int | None = None,
 ) -> Decision:
     """Plan over the adapters not refused, place them (``controller.placement``), render the children.
 
@@ -185,11 +186,12 @@ def decide(
     planner sees either fits its max-lora-rank or makes the plan fail naming the adapter, so
     an adapter that reaches the rendered set always loads. ``pods`` (the engine pods, with their
     sidecars' reports), the pool's last ``status`` and ``now`` (Unix seconds) feed placement.
+    ``tuned``: the --max-loras the sizing loop applies (``controller.sizing.tuned_max_loras``).
     """
     rest = unmerged(merged, invalid)
     servable = [(a, v) for a, v in zip(merged.adapters, verdicts, strict=True) if v.phase != AdapterPhase.FAILED]
     try:
-        plan = plan_pool(pool.spec, [AdapterRank(a.spec.name, a.field, v.rank) for a, v in servable])
+        plan = plan_pool(pool.spec, [AdapterRank(a.spec.name, a.field, v.rank) for a, v in servable], tuned=tuned)
     except PlanError as exc:
         return Decision(None, exc.problems, (*verdicts, *rest), ())
     placement = decide_placement(

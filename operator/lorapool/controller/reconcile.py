@@ -1,5 +1,5 @@
 """One level-based reconcile of a LoRAPool, in named steps: load -> read adapters -> decide -> apply
--> observe -> report.
+-> observe -> size -> report.
 
 Called for every event on a pool, its LoRAAdapters, its Deployments and engine pods, and
 by the drift resync; it never branches on which event it was. Each step here is I/O only;
@@ -21,7 +21,7 @@ from prometheus_client import Counter, Histogram
 
 from lorapool.api.models import LoRAPool
 from lorapool.api.status import AdapterPhase, LoRAPoolStatus
-from lorapool.controller import decide
+from lorapool.controller import decide, sizing
 from lorapool.controller.decide import Decision, Event, Fetched
 from lorapool.controller.kube import Kube
 from lorapool.controller.placement import assign_slots, pod_slots, slot_patches
@@ -142,14 +142,25 @@ class PoolReconciler:
             pods=pods,
             status=body.get("status"),
             now=time.time(),
+            tuned=sizing.tuned_max_loras(pool, body),
         )
         # 4. apply
         await self._apply(pool, decision.objects)
         await self._assign_slots(pool, pods)
         # 5. observe
-        observed = await self._observe(pool, body, decision)
-        # 6. report
-        await self._write_pool_status(body, pool_status(observed))
+        observed, pods = await self._observe(pool, body, decision)
+        # 6. size (pure): status.recommendation from the sidecars' reports; the opt-in loop's change
+        sized = sizing.size(
+            pool, decision.plan, sizing.current_sizing(body), sizing.pod_windows(pods, time.time()), time.time()
+        )
+        status = pool_status(observed).model_copy(
+            update={"recommendation": sized.recommendation, "sizing": sized.sizing}
+        )
+        # 7. report
+        await self._write_pool_status(body, status)
+        await self._post(body, sized.events)
+        if sized.events:  # a change of status.sizing changes the plan: render it now, not at the next resync
+            self._dirty[(namespace, name)] = True
         await self._write_adapter_statuses(pool, adapter_bodies, observed)
 
     async def _read_adapter_metadata(self, pool: LoRAPool, adapters: Sequence[PoolAdapter]) -> list[AdapterResult]:
@@ -191,12 +202,14 @@ class PoolReconciler:
                 },
             )
 
-    async def _observe(self, pool: LoRAPool, body: Mapping[str, Any], decision: Decision) -> Observed:
+    async def _observe(
+        self, pool: LoRAPool, body: Mapping[str, Any], decision: Decision
+    ) -> tuple[Observed, list[dict[str, Any]]]:
         namespace, name = pool.metadata.namespace, pool.metadata.name
         engine = await self._io(self.kube.get, "Deployment", namespace, names.engine(name))
         router = await self._io(self.kube.get, "Deployment", namespace, names.router(name))
         pods = await self._io(self.kube.list, "Pod", namespace, names.selector_string(name, "engine"))
-        return decide.observe(pool, body, decision, engine, router, pods)
+        return decide.observe(pool, body, decision, engine, router, pods), pods
 
     async def _write_pool_status(self, body: Mapping[str, Any], status: LoRAPoolStatus) -> None:
         current = body.get("status") or {}
