@@ -211,6 +211,8 @@ class SizingTuning(Wire):
         description="Roll a change back when, over an equal window after it, p99 TTFT is higher or goodput "
         "lower than before by more than this fraction.",
     )
+
+
 # Rules of the int-or-'auto' fields, on the fields themselves so the API server names them.
 _AUTO_OR_POSITIVE = "type(self) == string ? self == 'auto' : self >= 1"
 
@@ -387,9 +389,15 @@ class PlacementOverride(Wire):
     name: Annotated[str, ADAPTER_NAME] = Field(max_length=63, description="The adapter (inline or LoRAAdapter).")
     replicas: int | Literal["all"] = Field(
         description="'all' (every replica: pinned) or a number of replicas (clipped to the pool's size).",
-        json_schema_extra=_int_or_auto_schema(
-            "replicas", "type(self) == string ? self == 'all' : self >= 1", "must be 'all' or an integer >= 1, e.g. 2"
-        ),
+        # maxLength bounds the CEL cost of the string case (1000 overrides x an unbounded string exceeds the budget).
+        json_schema_extra={
+            **_int_or_auto_schema(
+                "replicas",
+                "type(self) == string ? self == 'all' : self >= 1",
+                "must be 'all' or an integer >= 1, e.g. 2",
+            ),
+            "maxLength": 3,
+        },
     )
 
     @field_validator("replicas", mode="before")
