@@ -117,6 +117,10 @@ class Outcome:
     done_s: float | None = None
     tokens: int = 0
     error: str = ""
+    retry_after: str = ""  # the Retry-After header of a refusal
+    sse_error: bool = False  # the stream carried an error event (vs. a broken connection)
+    finished: bool = False  # the stream ended with ``data: [DONE]``
+    backend: str = ""  # X-Lorapool-Backend, when the router adds it (--backend-header)
 
 
 @dataclass
@@ -140,7 +144,9 @@ async def _one(session: aiohttp.ClientSession, url: str, p: Planned, out: Outcom
     try:
         async with session.post(f"{url}/v1/completions", json=body, headers=headers) as resp:
             out.status = resp.status
+            out.backend = resp.headers.get("X-Lorapool-Backend", "")
             if resp.status != 200:
+                out.retry_after = resp.headers.get("Retry-After", "")
                 out.error = (await resp.text())[:200]
                 out.done_s = time.perf_counter() - t0
                 return
@@ -159,10 +165,12 @@ async def _one(session: aiohttp.ClientSession, url: str, p: Planned, out: Outcom
                         continue
                     data = event[6:]
                     if data == b"[DONE]":
+                        out.finished = True
                         continue
                     parsed = json.loads(data)
                     if "error" in parsed:
                         out.error = str(parsed["error"])[:200]
+                        out.sse_error = True
                         continue
                     if out.ttft_s is None:
                         out.ttft_s = time.perf_counter() - t0 - out.sent_s

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench.loadgen import adapter_name
-from lorapool.testing.components import start_router, start_sim
+from lorapool.testing.components import Component, start_router, start_sim
 from lorapool.testing.peft import write_peft_adapter
 from lorapool.testing.processes import RunningProcess, free_port, start_process
 
@@ -80,17 +80,24 @@ def write_adapters(root: Path, count: int) -> list[tuple[str, Path]]:
     return out
 
 
+def start_replica(
+    spec: FleetSpec, i: int, adapters: Sequence[tuple[str, Path]], *, port: int | None = None
+) -> Component:
+    """Replica ``i`` of ``spec`` serving ``adapters`` (on ``port``: the chaos cell restarts one in place)."""
+    return start_sim(
+        port=port, max_loras=spec.max_loras, max_cpu_loras=spec.max_cpu_loras, max_lora_rank=8,
+        max_num_seqs=spec.max_num_seqs, time_scale=spec.time_scale, seed=spec.seed + i, log_level="WARNING",
+        lora_modules=dict(adapters), extra=spec.extra, timeout_s=180,
+    )  # fmt: skip
+
+
 @contextmanager
 def sim_fleet(spec: FleetSpec, adapter_root: Path) -> Iterator[list[str]]:
     """Start the replicas in parallel, each serving every adapter; yield their URLs."""
     adapters = write_adapters(adapter_root, spec.adapters)
 
     def start(i: int) -> tuple[str, RunningProcess]:
-        sim = start_sim(
-            max_loras=spec.max_loras, max_cpu_loras=spec.max_cpu_loras, max_lora_rank=8,
-            max_num_seqs=spec.max_num_seqs, time_scale=spec.time_scale, seed=spec.seed + i, log_level="WARNING",
-            lora_modules=dict(adapters), extra=spec.extra, timeout_s=180,
-        )  # fmt: skip
+        sim = start_replica(spec, i, adapters)
         return sim.url, sim.proc
 
     with ExitStack() as stack, ThreadPoolExecutor(spec.replicas) as pool:
