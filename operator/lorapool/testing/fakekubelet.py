@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
+from lorapool.render.names import SLOT_ANNOTATION, SLOT_FILE
 from lorapool.testing.components import Component, start_sidecar, start_sim
 from lorapool.testing.follow import Follower
 from lorapool.testing.projection import ConfigMapVolume
@@ -92,7 +93,22 @@ class LocalEngines(Follower):
         from kubernetes import client
 
         pods = client.CoreV1Api(self.api_client).list_namespaced_pod(self.namespace, label_selector=self.selector)
-        return sorted(p.metadata.name for p in pods.items if p.metadata.deletion_timestamp is None)
+        live = [p for p in pods.items if p.metadata.deletion_timestamp is None]
+        for pod in live:  # the downward-API volume: the pod's placement slot (docs/placement.md)
+            self._project_slot(pod.metadata.name, (pod.metadata.annotations or {}).get(SLOT_ANNOTATION, ""))
+        return sorted(p.metadata.name for p in live)
+
+    def slot_file(self, pod: str) -> Path:
+        return self.state_dir / "podinfo" / pod / SLOT_FILE
+
+    def _project_slot(self, pod: str, value: str) -> None:
+        path = self.slot_file(pod)
+        if path.exists() and path.read_text() == value:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(value)
+        tmp.replace(path)
 
     def sync_once(self) -> None:
         live = set(self.live_pods())
@@ -121,7 +137,7 @@ class LocalEngines(Follower):
                 adapter_dir=self.state_dir / "adapters" / pod,
                 extra=[
                     "--pod", f"{self.namespace}/{pod}", "--report-kubeconfig", str(self.report_kubeconfig),
-                    *self.sidecar_extra,
+                    "--slot-file", str(self.slot_file(pod)), *self.sidecar_extra,
                 ],
             )  # fmt: skip
         except BaseException:
