@@ -6,6 +6,7 @@ import http.client
 import json
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlparse
 
 import openai
@@ -157,6 +158,33 @@ def test_backend_dying_mid_stream_gives_a_clean_error(
         assert resp.headers["x-lorapool-backend"] == survivor
     counted(router, "lorapool_router_backend_up", 0, backend=victim)
     counted(router, "lorapool_router_upstream_failures_total", 1)
+
+
+def test_backend_dying_before_the_first_byte_is_retried_elsewhere(
+    start_sim: StartSim, start_router: StartRouter, processes: dict
+) -> None:
+    # A long prompt on a slow clock: each sim sends its stream headers at once and the first
+    # token seconds later, so the victim dies after its headers and before anything reached the client.
+    first, second = start_sim(time_scale=20), start_sim(time_scale=20)
+    router = start_router([first, second], extra=["--poll-interval", "30"])
+    prompt = " ".join(["word"] * 2000)
+    with ThreadPoolExecutor(1) as pool:
+        call = pool.submit(
+            client(router).completions.with_raw_response.create,
+            model="sql", prompt=prompt, max_tokens=2, stream=True, extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        victim = wait_until(
+            "a backend to run the request", lambda: next((b for b in (first, second) if _running(b)), None)
+        )
+        processes[victim].popen.kill()
+        resp = call.result(timeout=60)
+    survivor = second if victim == first else first
+    assert resp.headers["x-lorapool-backend"] == survivor
+    assert "".join(c.choices[0].text for c in resp.parse() if c.choices)  # a whole answer, no error event
+    page = scrape(router)
+    assert metric(page, "lorapool_router_retries_total", reason="dropped") == 1
+    assert metric(page, "lorapool_router_backend_up", backend=victim) == 0
+    assert metric(page, "lorapool_router_upstream_failures_total") == 0  # nothing was cut short
 
 
 def counted(router: str, name: str, expected: float, **labels: str) -> None:

@@ -2,8 +2,9 @@
 
 Shell only: parses just enough of a request to route it (``model``), hands the raw body to
 the chosen backend unchanged and relays the answer; streamed (SSE) answers are relayed chunk
-by chunk as they arrive. Retries another backend on connect failure or 503 before anything
-reached the client; after that, a failing backend ends the stream with an SSE error event.
+by chunk as they arrive. Retries another backend on connect failure, 503 or a backend that
+fails before anything reached the client; after that, a failing backend ends the stream with an
+SSE error event.
 """
 
 from __future__ import annotations
@@ -189,10 +190,8 @@ class Proxy:
                 return await self._relay_stream(request, upstream, headers, lease, start)
             try:
                 data = await upstream.read()
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                self._failed_mid_response(lease, exc)
-                msg = f"backend failed before answering: {exc!r}"
-                return error_response(502, msg, "BadGateway")
+            except (aiohttp.ClientError, TimeoutError) as exc:  # nothing reached the client yet
+                raise _Retry("dropped", down=True) from exc
             return web.Response(body=data, status=upstream.status, headers=headers)
         except BaseException:
             upstream.close()  # drop the connection: the backend sees the cancel at once
@@ -226,10 +225,9 @@ class Proxy:
             except StopAsyncIteration:
                 break
             except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError) as exc:
+                if not response.prepared:  # the backend sent headers, then died: nothing reached the client yet
+                    raise _Retry("dropped", down=True) from exc
                 self._failed_mid_response(lease, exc)
-                if not response.prepared:
-                    msg = f"backend failed before answering: {exc!r}"
-                    return error_response(502, msg, "BadGateway")
                 event = error_body(502, f"backend failed mid-stream: {exc!r}", "BadGateway")
                 with contextlib.suppress(ConnectionError, aiohttp.ClientConnectionError):
                     await response.write(f"data: {json.dumps(event)}\n\n".encode())
