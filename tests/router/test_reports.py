@@ -302,3 +302,28 @@ def test_adapter_labels_are_capped() -> None:
     assert 'adapter="a"' in page and 'adapter="b"' in page
     assert 'lorapool_router_adapter_loads_total{adapter="other"} 2.0' in page
     assert 'adapter="c"' not in page
+
+
+def test_docs_status_names_the_real_flags_metrics_and_messages() -> None:
+    """docs/status.md section 5 says what the router does: its flags, metric names and 404 texts are the code's."""
+    import argparse
+    import re
+    from pathlib import Path
+
+    from lorapool.router.cli import configure
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "status.md").read_text()
+    section = doc[doc.index("## 5. The router routes by it") : doc.index("## 6.")]
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    flags = {s for a in parser._actions for s in a.option_strings}
+    assert set(re.findall(r"(--[a-z-]+[a-z])", section)) <= flags
+    telemetry = Telemetry()
+    telemetry.routed("sql", hit=False, slot_load=True)
+    telemetry.held("sql", "load", 0.1)
+    page = telemetry.exposition().decode()
+    named = set(re.findall(r"`(lorapool_router_[a-z_]+)", section))
+    exported = set(re.findall(r"^([a-z_]+)[{ ]", page, re.M)) | set(re.findall(r"^# TYPE ([a-z_]+) ", page, re.M))
+    assert named and named <= exported, named - exported
+    unknown = standing("a", {"x": report()}).reason
+    assert unknown in section.replace("`", "'") or unknown.replace("'", "") in section.replace("`", "")

@@ -5,8 +5,10 @@ Pure core (no I/O, no asyncio, no aiohttp; an import-linter contract keeps it so
 name, factory and weight), ``filters/``, ``scorers/`` and ``pickers`` (the plugins, one module
 each), ``registry`` (every plugin by name and the named ``--policy`` values), ``state``
 (per-backend accounting), ``waitqueue`` (per-adapter grouping queues), ``engine_metrics`` (vLLM
-/metrics parsing) and ``discovery`` (EndpointSlices -> URLs).
+/metrics parsing), ``discovery`` (EndpointSlices -> URLs and pods) and ``reports`` (the sidecars'
+reports -> where an adapter stands: loaded, loading, failed, unknown).
 
-Shell: ``app`` (aiohttp proxy), ``scheduler`` (binds requests late), ``poller``,
-``endpointslices`` (Kubernetes watch), ``telemetry`` (Prometheus) and ``cli``.
+Shell: ``app`` (aiohttp proxy), ``scheduler`` (binds requests late), ``poller``, ``kubewatch``
+(list+watch), ``endpointslices`` and ``podreports`` (the Kubernetes watches), ``telemetry``
+(Prometheus) and ``cli``.
 """
