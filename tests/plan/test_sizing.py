@@ -170,6 +170,13 @@ RECOMMEND: dict[str, tuple[Evidence | None, SlotBounds, int, Action]] = {
         30,
         Action.SHRINK,
     ),
+    "kv-short-steps-down-instead-of-growing": (
+        pool_evidence([obs(distinct_p95=180.0, preemptions=3)]),
+        BOUNDS,
+        108,
+        Action.SHRINK,
+    ),
+    "kv-short-still-shrinks": (pool_evidence([obs(kv_wait_s=6.0)]), BOUNDS, 10, Action.SHRINK),
     "within-the-band-keeps": (pool_evidence([obs(distinct_p95=100.0)]), BOUNDS, 128, Action.KEEP),
     "small-moves-keep-small-pools": (
         pool_evidence([obs(distinct_p95=7.0)]),

@@ -13,7 +13,9 @@ slot's LoRA buffer is taken from the KV cache before it is sized. So:
   so the estimate is safe for any traffic mix; skewed (Zipf) traffic needs fewer, which only
   observation can tell;
 - after traffic, the distinct adapters the engines had in flight (p95 over a window, with a
-  margin), raised when requests waited for a slot while KV cache was free.
+  margin), raised when requests waited for a slot while KV cache was free; while the KV cache
+  runs short (preemptions, waits with it full) never grown, but stepped down: a slot is paid for
+  in KV cache, and the apply loop's rollback undoes a step that made latency worse.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ TYPICAL_SEQUENCE_TOKENS = 2048  # prompt + output of a typical in-flight request
 SLOT_MARGIN = 0.25  # recommended slots = observed p95 distinct adapters x (1 + this), rounded up
 MIN_SAMPLES = 20  # fewer scrapes over all replicas than this: no recommendation
 SLOT_WAIT_SIGNIFICANT = 0.02  # slot waits over this share of the window: grow to cover the max
+KV_SHORT_SHRINK = 0.15  # while the KV cache runs short, step down by this much (the rollback guards it)
 KEEP_BAND = 0.10  # a recommendation within this fraction (or 2 slots) of the current value keeps it
 
 
@@ -90,6 +93,12 @@ class Evidence:
     def slot_wait_share(self) -> float:
         """Slot-wait seconds per replica-second of the window."""
         return self.slot_wait_s / (self.window_s * self.replicas) if self.window_s > 0 and self.replicas else 0.0
+
+    @property
+    def kv_short(self) -> bool:
+        """The KV cache ran out (preemptions, or requests waited with it full): more slots would make it worse."""
+        kv_share = self.kv_wait_s / (self.window_s * self.replicas) if self.window_s > 0 and self.replicas else 0.0
+        return self.preemptions > 0 or kv_share >= SLOT_WAIT_SIGNIFICANT
 
 
 def pool_evidence(observations: Sequence[Observations]) -> Evidence | None:
@@ -176,6 +185,12 @@ def recommend(e: Evidence | None, b: SlotBounds) -> Recommendation:
     target = min(need, ceiling)
     if target < need:
         why += f", capped at {ceiling} (" + ("the adapter count" if ceiling == b.n_adapters else "KV-cache floor") + ")"
+    if e.kv_short and target > b.current * (1 - KV_SHORT_SHRINK):
+        target = max(1, math.floor(b.current * (1 - KV_SHORT_SHRINK)))
+        why += (
+            f"; shrinking by {KV_SHORT_SHRINK:.0%} instead: the KV cache ran short ({e.preemptions} preemption(s), "
+            f"{e.kv_wait_s:.0f} s of waits with it full) and every slot is paid for in KV cache"
+        )
     band = max(2, math.ceil(KEEP_BAND * b.current))
     if abs(target - b.current) < band:
         action, target = Action.KEEP, b.current
