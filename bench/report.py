@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import real_engine
+from bench import sizing as sizing_cell
 from bench.scenarios import LORAPOOL_AFFINITY as AFFINITY
 from bench.scenarios import LORAPOOL_ROUND_ROBIN, NOT_BASELINES, ORACLE
 from bench.targets import CAPACITY_ADDED_P99_MS, TARGETS, across, capacity, runs_by_scenario
@@ -222,6 +223,7 @@ def _overhead(data: dict[str, Any]) -> list[str]:
 
 def render(data: dict[str, Any], plots_dir: str = "results", real_engine_section: list[str] | None = None) -> str:
     """The whole of RESULTS.md for ``data``; ``plots_dir`` is the plots' path relative to it."""
+    data = {**data, "sizing": sizing_cell.load(Path(__file__).resolve().parent / "results") or {}}
     lines = ["# Routing benchmark results", "", "Written by `bench/report.py` from `bench/results/results.json`:"]
     lines += ["do not edit by hand (`python bench/run.py --report-only` rewrites it).", ""]
     lines += ["| measured | command | machine |", "|---|---|---|"]
@@ -242,6 +244,7 @@ def render(data: dict[str, Any], plots_dir: str = "results", real_engine_section
     if real_engine_section is None:  # the committed cell beside the committed results
         real_engine_section = real_engine.section(Path(__file__).resolve().parent / "results")
     lines += real_engine_section
+    lines += sizing_cell.section(data["sizing"])
     lines += ["## Plots", ""] + [f"![{f}]({plots_dir}/{f})" for f in PLOTS] + [""]
     lines += [METHOD.read_text().rstrip("\n"), ""]
     return "\n".join(lines)

@@ -156,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--report-only", action="store_true", help="rewrite RESULTS.md from OUT")
     parser.add_argument("--real-engine", action="store_true", help="measure only the vLLM CPU cell (real_engine.json)")
+    parser.add_argument("--sizing", action="store_true", help="measure only the max-loras sizing cell (sizing.json)")
     args = parser.parse_args(argv)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -170,6 +171,12 @@ def main(argv: list[str] | None = None) -> int:
         from bench import real_engine
 
         real_engine.run(out, adapter_root / "real-engine", stamp)
+        write_report(json.loads(results_path.read_text()), out, report)
+        return 0
+    if args.sizing:
+        from bench import sizing
+
+        sizing.run(out, stamp)
         write_report(json.loads(results_path.read_text()), out, report)
         return 0
     if args.overhead_only and results_path.exists():  # refresh the overhead section only

@@ -174,6 +174,13 @@ def _capacity(data: dict[str, Any]) -> list[Cell]:
     return [Cell("lorapool affinity", found if found is not None else 0.0)]
 
 
+def _sizing_tuned(data: dict[str, Any]) -> list[Cell]:
+    """Per workload of the sizing cell (bench/sizing.py, read into ``data["sizing"]``): tuned goodput / the sweep's best."""
+    from bench.sizing import tuned_share
+
+    return [Cell(c["workload"]["name"], tuned_share(c)) for c in (data.get("sizing") or {}).get("workloads", [])]
+
+
 TARGETS: tuple[Target, ...] = (
     Target("grouping router", "regime (a): affinity's goodput over round-robin's", ">= 1.5x", 1.5, "higher", "x",
            _vs_rr("goodput_rps", "a", invert=False)),
@@ -192,4 +199,6 @@ TARGETS: tuple[Target, ...] = (
            ">= 500 req/s", 500.0, "higher", " req/s", _capacity),
     Target("12", "affinity's goodput as a fraction of the oracle's (the literature's best: within 7 %)", ">= 0.93",
            0.93, "higher", "", _oracle_fraction("goodput_rps")),
+    Target("15", "sizing: tuned --max-loras' goodput as a fraction of the best of a max-loras sweep", ">= 0.9",
+           0.9, "higher", "", _sizing_tuned),
 )  # fmt: skip
