@@ -21,10 +21,10 @@ from prometheus_client import Counter, Histogram
 
 from lorapool.api.models import LoRAPool
 from lorapool.api.status import AdapterPhase, LoRAPoolStatus
-from lorapool.controller import decide, sizing
+from lorapool.controller import decide, signals, sizing
 from lorapool.controller.decide import Decision, Event, Fetched
 from lorapool.controller.kube import Kube
-from lorapool.controller.placement import assign_slots, pod_slots, slot_patches
+from lorapool.controller.placement import assign_slots, pod_slots, pool_signals, slot_patches
 from lorapool.controller.status import (
     NOWHERE,
     AdapterResult,
@@ -86,6 +86,7 @@ class PoolReconciler:
         self._dirty: dict[tuple[str, str], bool] = {}
         self._workers: dict[tuple[str, str], asyncio.Task[None]] = {}
         self.known: set[tuple[str, str]] = set()
+        self._placed: dict[tuple[str, str], Mapping[str, tuple[int, ...]] | None] = {}  # last holders per pool
 
     def trigger(self, namespace: str, name: str) -> None:
         """Ask for a reconcile of one pool; bursts coalesce into one run after the current one."""
@@ -119,6 +120,8 @@ class PoolReconciler:
         body = await self._io(self.kube.get, "LoRAPool", namespace, name)
         if body is None:
             self.known.discard((namespace, name))
+            self._placed.pop((namespace, name), None)
+            signals.forget(namespace, name)
             await self._write_orphan_statuses(namespace, name)
             return  # deleted: ownerReferences let the garbage collector remove the children
         pool = decide.read_pool(body)
@@ -147,6 +150,7 @@ class PoolReconciler:
         # 4. apply
         await self._apply(pool, decision.objects)
         await self._assign_slots(pool, pods)
+        self._export_signals(pool, pods, decision)
         # 5. observe
         observed, pods = await self._observe(pool, body, decision)
         # 6. size (pure): status.recommendation from the sidecars' reports; the opt-in loop's change
@@ -186,6 +190,18 @@ class PoolReconciler:
                         "object": obj["metadata"]["name"],
                     },
                 )
+
+    def _export_signals(self, pool: LoRAPool, pods: Sequence[Mapping[str, Any]], decision: Decision) -> None:
+        """The pool's autoscaling signals, and the loads a placement change asked for (per scale event)."""
+        namespace, name = pool.metadata.namespace, pool.metadata.name
+        signals.export(namespace, name, pool_signals(pool, pods, decision.placement))
+        if decision.placement is None:
+            return
+        holders = decision.placement.holders
+        loads = signals.count_loads(namespace, name, self._placed.get((namespace, name)), holders)
+        if loads:
+            log.info("Moved adapters", extra={"pool": f"{namespace}/{name}", "loads": loads})
+        self._placed[(namespace, name)] = holders
 
     async def _assign_slots(self, pool: LoRAPool, pods: Sequence[Mapping[str, Any]]) -> None:
         """Give each engine pod its stable placement slot (and the deletion cost that keeps scale-downs

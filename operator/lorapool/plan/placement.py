@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 UNPLACED: tuple[str, ...] = ()
@@ -101,7 +101,7 @@ def shares(placement: Mapping[str, Sequence[str]], replicas: Iterable[str] = ())
     return {r: tuple(sorted(a)) for r, a in sorted(out.items())}
 
 
-def moves(before: Mapping[str, Sequence[str]], after: Mapping[str, Sequence[str]]) -> int:
+def moves(before: Mapping[str, Sequence[Hashable]], after: Mapping[str, Sequence[Hashable]]) -> int:
     """Adapter copies ``after`` places on a replica that did not hold them ``before``: the loads it costs."""
     return sum(len(set(holders) - set(before.get(adapter, ()))) for adapter, holders in after.items())
 
