@@ -47,6 +47,20 @@ def test_render_prints_every_child_object() -> None:
     assert ("ConfigMap", "llama3-8b-adapters") in kinds and ("Deployment", "llama3-8b-router") in kinds
 
 
+def test_render_places_a_catalog_larger_than_the_cpu_cache_as_the_operator_does() -> None:
+    doc = _example()
+    doc["spec"]["replicas"] = 4
+    doc["spec"]["lora"] = {"maxLoras": 2, "maxCpuLoras": 2}
+    doc["spec"]["adapters"] = [{"name": f"team-{i}", "source": f"hf://acme/team-{i}", "rank": 16} for i in range(6)]
+    result = lorapool("render", "-f", "-", stdin=yaml.safe_dump(doc))
+    assert result.returncode == 0, result.stderr
+    cm = next(d for d in yaml.safe_load_all(result.stdout) if d["kind"] == "ConfigMap")
+    slots = {a["name"]: a["replicas"] for a in json.loads(cm["data"]["adapters.json"])["adapters"]}
+    assert sorted(slots) == [f"team-{i}" for i in range(6)] and {len(s) for s in slots.values()} == {1}
+    per_slot = [sum(1 for s in slots.values() if i in s) for i in range(4)]
+    assert max(per_slot) <= 2  # never more than maxCpuLoras on a replica
+
+
 def test_crds_writes_files(tmp_path: Path) -> None:
     assert lorapool("crds", "--out", str(tmp_path)).returncode == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lorapool.io_loraadapters.yaml", "lorapool.io_lorapools.yaml"]

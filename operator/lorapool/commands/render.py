@@ -33,6 +33,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from lorapool.api.yamlio import dump_all
     from lorapool.commands.common import fail, plan_offline, read_inputs
+    from lorapool.controller.placement import decide_placement
     from lorapool.errors import LoRAPoolError
     from lorapool.render.manifests import RenderOptions, render_pool
 
@@ -42,7 +43,10 @@ def run(args: argparse.Namespace) -> int:
         objects = []
         for pool in inputs.pools:
             plan, merged = plan_offline(pool, inputs.adapters)
-            objects.extend(render_pool(pool, plan, merged.adapters, options))
+            # The placement a new pool starts from (no load observed yet), as the operator renders it.
+            names = [a.spec.name for a in merged.adapters]
+            placement = decide_placement(pool, names, plan.max_cpu_loras, {}, {}, now=0.0)
+            objects.extend(render_pool(pool, plan, merged.adapters, options, placement.holders))
     except LoRAPoolError as exc:
         return fail(exc, "render")
     if args.include_pool:
