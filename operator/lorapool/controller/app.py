@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,37 @@ from lorapool.render.names import POOL_LABEL
 from lorapool.sources.config import ConfigCache, fetch_adapter_config
 
 log = logging.getLogger("lorapool.operator")
+
+# Engine pod events (each sidecar report is one: a PATCH of its Pod's status) trigger at most one
+# reconcile of their pool per window: the first at once, the rest folded into one at the window's
+# end. Reports change at most every 2 s per replica (the sidecar's --report-interval-seconds), so
+# with 16 replicas loading, pods alone would ask for 8 reconciles a second.
+POD_EVENT_WINDOW_S = 2.0
+
+
+class Coalescer:
+    """At most one ``trigger(key)`` per key per ``window_s``: the first now, later ones once at the window's end."""
+
+    def __init__(self, trigger: Callable[[str, str], None], window_s: float) -> None:
+        self.trigger, self.window_s = trigger, window_s
+        self._last: dict[tuple[str, str], float] = {}
+        self._pending: dict[tuple[str, str], asyncio.TimerHandle] = {}
+
+    def request(self, namespace: str, name: str) -> None:
+        key = (namespace, name)
+        if key in self._pending:
+            return  # already folded into the window's trailing trigger
+        loop = asyncio.get_running_loop()
+        wait_s = self._last.get(key, float("-inf")) + self.window_s - loop.time()
+        if wait_s <= 0:
+            self._fire(key)
+        else:
+            self._pending[key] = loop.call_later(wait_s, self._fire, key)
+
+    def _fire(self, key: tuple[str, str]) -> None:
+        self._pending.pop(key, None)
+        self._last[key] = asyncio.get_running_loop().time()
+        self.trigger(*key)
 
 
 @dataclass(frozen=True)
@@ -69,24 +101,55 @@ def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.scanning.disabled = True  # resources are known; no need to list CRDs (least privilege)
 
 
+def pool_mark(meta: Any) -> tuple[Any, ...]:
+    """What of a LoRAPool's (or LoRAAdapter's) metadata asks for a reconcile: its spec (generation),
+    labels, annotations, deletion; not its status, which the reconcile itself writes."""
+    meta = meta or {}
+    return (
+        meta.get("generation"),
+        meta.get("deletionTimestamp"),
+        tuple(sorted((meta.get("labels") or {}).items())),
+        tuple(sorted((meta.get("annotations") or {}).items())),
+    )
+
+
 def build_registry(reconciler: PoolReconciler) -> kopf.OperatorRegistry:
     """kopf handlers: login and settings, then watches that only trigger a reconcile of the affected pool."""
     registry = kopf.OperatorRegistry()
     adapter_pools: dict[tuple[str, str], str] = {}  # LoRAAdapter -> the pool it last pointed at
+    pods = Coalescer(reconciler.trigger, POD_EVENT_WINDOW_S)
 
     kopf.on.login(registry=registry)(_login)
     kopf.on.startup(registry=registry)(_configure)
 
+    seen_pools: dict[tuple[str, str], tuple[Any, ...]] = {}  # pool -> what of it last triggered a reconcile
+    seen_adapters: dict[tuple[str, str], tuple[Any, ...]] = {}  # LoRAAdapter -> the same
+
     @kopf.on.event(GROUP, VERSION, "lorapools", registry=registry)
-    async def pool_event(type: str | None, namespace: str, name: str, **_: Any) -> None:
+    async def pool_event(type: str | None, namespace: str, name: str, meta: Any, **_: Any) -> None:
         if type == "DELETED":
             reconciler.known.discard((namespace, name))
+            seen_pools.pop((namespace, name), None)
             return
+        # A change of status alone is the echo of our own write: reconciling again would only
+        # write again (a storm while engines load and loadedReplicas moves). The drift resync
+        # still reconciles every pool periodically.
+        mark = pool_mark(meta)
+        if seen_pools.get((namespace, name)) == mark:
+            return
+        seen_pools[(namespace, name)] = mark
         reconciler.trigger(namespace, name)
 
     @kopf.on.event(GROUP, VERSION, "loraadapters", registry=registry)
-    async def adapter_event(type: str | None, namespace: str, name: str, spec: Any, **_: Any) -> None:
+    async def adapter_event(type: str | None, namespace: str, name: str, spec: Any, meta: Any, **_: Any) -> None:
         pool = (spec or {}).get("poolRef", {}).get("name")
+        if type != "DELETED":  # a status-only change is the echo of our own write (see pool_event)
+            mark = pool_mark(meta)
+            if seen_adapters.get((namespace, name)) == mark:
+                return
+            seen_adapters[(namespace, name)] = mark
+        else:
+            seen_adapters.pop((namespace, name), None)
         previous = adapter_pools.get((namespace, name))
         if previous and previous != pool:
             reconciler.trigger(namespace, previous)  # it left that pool
@@ -105,7 +168,7 @@ def build_registry(reconciler: PoolReconciler) -> kopf.OperatorRegistry:
         "", "v1", "pods", labels={POOL_LABEL: kopf.PRESENT, "app.kubernetes.io/component": "engine"}, registry=registry
     )
     async def pod_event(namespace: str, labels: Any, **_: Any) -> None:
-        reconciler.trigger(namespace, labels[POOL_LABEL])
+        pods.request(namespace, labels[POOL_LABEL])
 
     return registry
 
