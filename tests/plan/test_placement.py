@@ -271,3 +271,32 @@ def test_a_burst_expands_fast_then_shrinks_one_step_per_cooldown_without_reexpan
 def test_scaling_rule_refuses_a_rule_that_could_flap_or_cannot_hold(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ScalingRule(**kwargs)  # type: ignore[arg-type]
+
+
+def reference_place(want: dict[str, int], replicas: list[str], capacity: int) -> dict[str, tuple[str, ...]]:
+    """The rule of ``place`` written plainly (full rendezvous order, no lazy ranking): the oracle."""
+    k = {a: max(1, min(n, len(replicas))) for a, n in want.items()}
+    order = sorted(k, key=lambda a: (-k[a], a))
+    load = dict.fromkeys(replicas, 0)
+    held: dict[str, list[str]] = {a: [] for a in order}
+    for copy in range(max(k.values(), default=0)):
+        for a in order:
+            if k[a] <= copy or len(held[a]) < copy:
+                continue
+            free = [r for r in rendezvous(a, replicas) if r not in held[a] and load[r] < capacity]
+            # the next free replica *after* the last one chosen, in rendezvous order
+            last = rendezvous(a, replicas).index(held[a][-1]) if held[a] else -1
+            after = [r for r in free if rendezvous(a, replicas).index(r) > last]
+            if after:
+                held[a].append(after[0])
+                load[after[0]] += 1
+    return {a: tuple(held[a]) for a in sorted(held)}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_place_matches_the_plain_rule_under_tight_capacity(seed: int) -> None:
+    rng = random.Random(seed)
+    n = rng.randint(2, 12)
+    want = {f"a{i}": rng.choice((1, 1, 2, 3, 9)) for i in range(rng.randint(5, 60))}
+    capacity = rng.randint(1, 8)
+    assert place(want, ids(n), capacity) == reference_place(want, ids(n), capacity)

@@ -24,22 +24,34 @@ names: a rolling update keeps identities, so it moves nothing.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 UNPLACED: tuple[str, ...] = ()
+SPILL_MARGIN = 4  # rendezvous positions ranked beyond k up front; a longer spill ranks the rest
 
 
-def _weight(adapter: str, replica: str) -> int:
-    """The rendezvous weight of (adapter, replica): 64 bits of blake2b, identical in every process."""
-    digest = hashlib.blake2b(f"{adapter}\x00{replica}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big")
+def _keys(adapter: str, replicas: Iterable[tuple[str, bytes]]) -> list[tuple[int, str]]:
+    """(-weight, replica) per replica: the weight is 64 bits of blake2b(adapter NUL replica), identical
+    in every process; negated so that an ascending sort puts the highest weight first (ties by name)."""
+    base = hashlib.blake2b(adapter.encode() + b"\x00", digest_size=8)
+    keys = []
+    for replica, encoded in replicas:
+        h = base.copy()  # the adapter's prefix hashed once, not once per replica
+        h.update(encoded)
+        keys.append((-int.from_bytes(h.digest(), "big"), replica))
+    return keys
+
+
+def _encoded(replicas: Sequence[str]) -> list[tuple[str, bytes]]:
+    return [(r, r.encode()) for r in dict.fromkeys(replicas)]
 
 
 def rendezvous(adapter: str, replicas: Sequence[str]) -> list[str]:
     """``replicas`` (duplicates dropped) by highest random weight for ``adapter``, highest first."""
-    return sorted(dict.fromkeys(replicas), key=lambda r: (-_weight(adapter, r), r))
+    return [r for _, r in sorted(_keys(adapter, _encoded(replicas)))]
 
 
 def clip_k(k: int, replicas: int) -> int:
@@ -64,13 +76,15 @@ def place(k_by_adapter: Mapping[str, int], replicas: Sequence[str], capacity: in
        ``len(replicas) * capacity``) maps to ``UNPLACED`` (an empty tuple).
     Within a round, adapters with a larger k go first (they carry more load), ties by name.
     """
-    ids = list(dict.fromkeys(replicas))
+    encoded = _encoded(replicas)
     if capacity < 0:
         raise ValueError(f"capacity={capacity} must be >= 0 (a replica's --max-cpu-loras)")
-    want = {a: clip_k(k, len(ids)) for a, k in k_by_adapter.items()}
+    want = {a: clip_k(k, len(encoded)) for a, k in k_by_adapter.items()}
     order = sorted(want, key=lambda a: (-want[a], a))
-    ranked = {a: rendezvous(a, ids) for a in order}
-    load = dict.fromkeys(ids, 0)
+    keys = {a: _keys(a, encoded) for a in order}
+    # Only the first few of each order are usually read: rank those, the rest when a spill needs it.
+    ranked = {a: [r for _, r in heapq.nsmallest(want[a] + SPILL_MARGIN, keys[a])] for a in order}
+    load = {r: 0 for r, _ in encoded}
     held: dict[str, list[str]] = {a: [] for a in order}
     cursor = dict.fromkeys(order, 0)  # next rendezvous position to try, per adapter
     for copy in range(max(want.values(), default=0)):
@@ -78,7 +92,11 @@ def place(k_by_adapter: Mapping[str, int], replicas: Sequence[str], capacity: in
             if want[adapter] <= copy or len(held[adapter]) < copy:
                 continue  # wants no more copies, or an earlier copy already found no room
             candidates = ranked[adapter]
-            while cursor[adapter] < len(candidates) and load[candidates[cursor[adapter]]] >= capacity:
+            while True:
+                if cursor[adapter] == len(candidates) < len(encoded):
+                    candidates = ranked[adapter] = [r for _, r in sorted(keys[adapter])]
+                if cursor[adapter] == len(candidates) or load[candidates[cursor[adapter]]] < capacity:
+                    break
                 cursor[adapter] += 1
             if cursor[adapter] == len(candidates):
                 continue
