@@ -201,3 +201,17 @@ def test_recommend(evidence: Evidence | None, bounds: SlotBounds, want: int, act
 def test_a_shrink_says_what_it_frees_in_words() -> None:
     r = recommend(pool_evidence([obs()]), BOUNDS)
     assert "shrink to 10" in r.evidence and "frees 10.9 GB = 83,145 KV tokens per GPU" in r.evidence, r.evidence
+
+
+def test_the_docs_example_is_what_recommend_writes() -> None:
+    """docs/sizing.md shows a recommendation as kubectl describe prints it; it must be the real output."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "sizing.md").read_text()
+    block = text[text.index("    Recommendation:") :].split("\n\n")[0]
+    evidence = " ".join(line.split("Evidence:")[-1].strip() for line in block.splitlines()[3:7] if line.strip())
+    o = obs(window_s=60.0, samples=30, max_loras=134, distinct_p50=14.0, distinct_p95=31.0, distinct_max=38)
+    o = replace(o, kv_usage_p95=0.91)
+    r = recommend(pool_evidence([o, o]), replace(BOUNDS, current=134))
+    assert evidence == r.evidence
+    assert f"Kv Cache Tokens:  {r.kv_tokens}" in block and f"Max Loras:        {r.max_loras}" in block
