@@ -125,3 +125,37 @@ def test_a_sidecar_without_a_slot_holds_only_what_is_everywhere_until_its_slot_a
     r0.wait_holds({"team-0"}, "no slot: only the pinned adapter")
     r0.slot_file.write_text("0")
     r0.wait_holds(set(shares(holders)["0"]) | {"team-0"}, "slot 0 arrived: its share loads")
+
+
+def explicit_set(catalog: dict[str, str], slots: dict[str, list[int]]) -> str:
+    return adapter_set([{"name": n, "source": catalog[n], "replicas": slots.get(n, [])} for n in catalog])
+
+
+def test_an_adapter_moved_to_another_replica_stays_served_here_while_the_new_holder_loads_it(
+    catalog: dict[str, str], replicas: tuple[ConfigMapDir, list[Replica]]
+) -> None:
+    config, (r0, r1) = replicas
+    config.write(explicit_set(catalog, {"team-1": [0], "team-2": [1]}))
+    r0.wait_holds({"team-1"}, "team-1 on slot 0")
+    config.write(explicit_set(catalog, {"team-1": [1], "team-2": [1]}))  # placement moves team-1 to slot 1
+    r1.wait_holds({"team-1", "team-2"}, "the new holder loaded team-1")
+    assert "team-1" in r0.holds()  # drained (30 s by default), never a gap where no replica serves it
+    assert {a["name"]: a["phase"] for a in r0.sidecar.status()["adapters"]}["team-1"] == "Loaded"
+
+
+def test_a_drained_adapter_is_unloaded_once_its_drain_is_over(tmp_path: Path, catalog: dict[str, str]) -> None:
+    config = ConfigMapDir(tmp_path / "cm1")
+    slot_file = tmp_path / "slot"
+    slot_file.write_text("0")
+    port = free_port()
+    with start_sim(port):
+        sidecar = start_sidecar(
+            config.path, port, tmp_path / "adapters", "--slot-file", str(slot_file), "--drain-seconds", "1"
+        )
+        with sidecar.proc:
+            config.write(explicit_set(catalog, {"team-1": [0], "team-3": [0]}))
+            wait_until("both on slot 0", lambda: set(engine_adapters(port)) == {"team-1", "team-3"} or None, 20.0,
+                       retry_on=NOT_YET)  # fmt: skip
+            config.write(explicit_set(catalog, {"team-1": [1], "team-3": [0]}))
+            wait_until("team-1 unloaded after its 1 s drain", lambda: set(engine_adapters(port)) == {"team-3"} or None,
+                       20.0, retry_on=NOT_YET)  # fmt: skip

@@ -44,6 +44,7 @@ from lorapool.sidecar.core import (
     first_sync_done,
     identity_of,
     lost_adapters,
+    moved_away,
     parse_config,
     parse_slot,
     replica_report,
@@ -89,6 +90,9 @@ class Settings:
     # The downward-API file holding this pod's placement slot (docs/placement.md); None: no slot,
     # so the replica holds only adapters placed on every replica (all of them while placement is off).
     slot_path: Path | None = None
+    # An adapter placement moved to other replicas stays loaded (and reported, so routable) this
+    # long before it is unloaded: its new holders load it meanwhile, so no request meets a gap.
+    drain_s: float = 30.0
 
 
 class _Refused(Exception):
@@ -149,6 +153,7 @@ class Agent:
         self.pool: AdapterSet | None = None
         self.rejected: dict[str, str] = {}
         self.slot: int | None = None  # this replica's placement slot, None until the operator assigns one
+        self.draining: dict[str, float] = {}  # adapter moved to other replicas -> when it may be unloaded
         self.config_error: str | None = None
         self.config_loaded_at: float | None = None
         self.engine_healthy = False
@@ -337,7 +342,11 @@ class Agent:
         except ValueError as exc:
             self._config_failed(raw, str(exc))
             return
-        self.pool, self.rejected = parsed.adapters.share(self.slot), dict(parsed.rejected)
+        share = parsed.adapters.share(self.slot)
+        moved = moved_away(self.pool, share, parsed.adapters)
+        self.draining = {n: t for n, t in self.draining.items() if n not in {a.name for a in share.adapters}}
+        self.draining |= {n: self.clock() + self.settings.drain_s for n in moved if n not in self.draining}
+        self.pool, self.rejected = share, dict(parsed.rejected)
         self._config_bytes, self._bad_config_bytes = raw, None
         self.config_error = None
         self.config_loaded_at = self.clock()
@@ -448,6 +457,8 @@ class Agent:
         for st in self.state.values():
             if st.next_retry_at is not None and not st.busy:
                 wake = min(wake, st.next_retry_at - now)
+        for until in self.draining.values():
+            wake = min(wake, until - now)
         return max(wake, 0.05)
 
     async def _reconcile(self) -> None:
@@ -470,7 +481,10 @@ class Agent:
         self._suspect_restart = False
         desired = {a.name: a for a in self.pool.adapters}
         stored = await asyncio.to_thread(self.store.names)
-        actions = diff(desired, actual, self.state, self.clock(), stored=stored, hold=set(self.rejected))
+        now = self.clock()
+        self.draining = {n: t for n, t in self.draining.items() if t > now}
+        hold = set(self.rejected) | set(self.draining)  # draining: still served here until its time is up
+        actions = diff(desired, actual, self.state, now, stored=stored, hold=hold)
         for action in actions:
             if isinstance(action, Load):
                 self._spawn(action.name, self._load(action))

@@ -60,6 +60,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="downward-API file with this pod's placement slot (annotation lorapool.io/slot); "
         "without it the replica holds only adapters placed on every replica",
     )
+    parser.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=30.0,
+        help="keep an adapter placement moved to other replicas loaded this long before unloading it",
+    )
     parser.add_argument("--seed", type=int, default=None, help="seed the backoff jitter (tests)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
@@ -100,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
         report_interval_s=args.report_interval_seconds,
         observe_window_s=args.observe_window_seconds,
         slot_path=args.slot_file,
+        drain_s=args.drain_seconds,
     )
 
     async def main() -> None:

@@ -237,6 +237,17 @@ def parse_config(text: bytes, *, path: str) -> ParsedConfig:
     return ParsedConfig(base.model_copy(update={"adapters": tuple(good)}), rejected)
 
 
+def moved_away(before: AdapterSet | None, share: AdapterSet, listed: AdapterSet) -> set[str]:
+    """Adapters this replica held in its last share that placement now gives to other replicas only
+    (still in the pool, no longer in the share): drained before they are unloaded. A removed adapter
+    is not moved: it goes at once, as before placement."""
+    if before is None:
+        return set()
+    kept = {a.name for a in share.adapters}
+    pool = {a.name for a in listed.adapters}
+    return {a.name for a in before.adapters if a.name not in kept and a.name in pool}
+
+
 def parse_slot(text: str | None) -> int | None:
     """This replica's placement slot from the downward-API file of annotation ``lorapool.io/slot``.
 
