@@ -95,6 +95,12 @@ def test_slot_patches_touch_only_stale_pods_and_set_the_deletion_cost() -> None:
     assert patches == {"b": {names.SLOT_ANNOTATION: "1", names.POD_DELETION_COST_ANNOTATION: "-1"}}
 
 
+def test_a_pod_beyond_replicas_loses_its_slot_and_goes_first_on_the_scale_down() -> None:
+    pods = [ps("a", 0), ps("b", 1), ps("c", 2)]
+    patches = slot_patches(pods, assign_slots(pods, 2))  # scaled 3 -> 2 before the ReplicaSet deleted c
+    assert patches == {"c": {names.SLOT_ANNOTATION: None, names.POD_DELETION_COST_ANNOTATION: "-1000000"}}
+
+
 def test_pod_slots_read_the_annotations() -> None:
     pod = {
         "metadata": {

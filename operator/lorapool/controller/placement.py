@@ -44,6 +44,9 @@ BUSY_SHARE = 0.5  # a replica's TTFT counts for an adapter in flight there this 
 
 # --- slots -----------------------------------------------------------------------------------
 
+# A pod without a slot (beyond spec.replicas during a scale-down) goes before every slotted pod.
+SURPLUS_DELETION_COST = str(-1_000_000)
+
 
 @dataclass(frozen=True)
 class PodSlot:
@@ -98,7 +101,7 @@ def slot_patches(pods: Sequence[PodSlot], assigned: Mapping[str, int | None]) ->
         if p.terminating:
             continue
         slot = assigned.get(p.name)
-        cost = None if slot is None else str(-slot)
+        cost = SURPLUS_DELETION_COST if slot is None else str(-slot)
         if p.slot != slot or p.deletion_cost != cost:
             patches[p.name] = {
                 names.SLOT_ANNOTATION: None if slot is None else str(slot),
