@@ -9,7 +9,8 @@ The fake nodes run no containers, so the data plane runs beside it as local proc
 as a kubelet would run them: for every engine pod (a real API object) one `lorapool sim`
 with the pool's derived flags and an adapter-sync sidecar that follows the pool's
 ConfigMap as the kubelet projects it and reports on that Pod with the engine
-ServiceAccount's token (``lorapool.testing.fakekubelet``); `lorapool router` in front.
+ServiceAccount's token (``lorapool.testing.fakekubelet``); `lorapool router` in front, routing
+by those reports as in a cluster (its ServiceAccount's token, ``--backend-pod`` per engine).
 Adapter sources the machine cannot reach (hf://, s3://, https://) are replaced by local
 PEFT adapters of the same rank before the pool is applied. It then sends an OpenAI
 request for the first adapter through the router and prints the answer, writes the
@@ -30,6 +31,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -259,6 +261,8 @@ def _data_plane(cluster: Any, pool: dict[str, Any], state: Path, stack: list[Any
             "max_lora_rank": current["maxLoraRank"], "max_cpu_loras": current["maxCpuLoras"],
         }  # fmt: skip
 
+    engines_box: list[LocalEngines] = []  # filled below: the router asks it which Pod each engine is
+    router_token = cluster.service_account_kubeconfig(ns, names.router(name), path=state / "router.kubeconfig")
     router = _Router(
         policy=spec.get("router", {}).get("policy", "affinity"),
         extra=[
@@ -268,7 +272,11 @@ def _data_plane(cluster: Any, pool: dict[str, Any], state: Path, stack: list[Any
             str(plan["maxCpuLoras"]),
             "--poll-interval",
             "0.5",
+            "--report-pods",
+            f"{ns}/{names.selector_string(name, 'engine')}",
         ],
+        pods=lambda: {r.sim.url: r.pod for e in engines_box for r in list(e.replicas.values())},
+        env={"KUBECONFIG": str(router_token)},
     )
     stack.append(router)
     replicas = int(spec.get("replicas", 1))
@@ -279,6 +287,7 @@ def _data_plane(cluster: Any, pool: dict[str, Any], state: Path, stack: list[Any
         on_change=router.follow, start_engine=start_engine,
     )  # fmt: skip
     stack.append(engines)
+    engines_box.append(engines)
     engines.start()  # one engine per engine pod that exists now; pods created later get theirs within a second
     adapters = [a["name"] for a in pool["status"].get("adapters", []) if a["phase"] not in ("Failed", "Conflict")]
     if adapters:
@@ -294,12 +303,16 @@ def _data_plane(cluster: Any, pool: dict[str, Any], state: Path, stack: list[Any
 
 class _Router:
     """The playground's router, on one port for its whole life: restarted in front of the new engines
-    whenever engine pods come or go (a roll for new vLLM flags, a scale), since it routes to a static list."""
+    whenever engine pods come or go (a roll for new vLLM flags, a scale), since it routes to a static list.
+    It routes by the sidecars' reports as in a cluster: ``pods()`` names each engine's Pod, and it reads
+    them with the router ServiceAccount's token (``env``: KUBECONFIG)."""
 
-    def __init__(self, *, policy: str, extra: list[str]) -> None:
+    def __init__(
+        self, *, policy: str, extra: list[str], pods: Callable[[], dict[str, str]], env: dict[str, str]
+    ) -> None:
         from lorapool.testing.processes import free_port
 
-        self.policy, self.extra = policy, extra
+        self.policy, self.extra, self.pods, self.env = policy, extra, pods, env
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.backends: list[str] = []
@@ -317,9 +330,12 @@ class _Router:
                 self._component = None
             self.backends = list(backends)
             if backends:
+                pods = self.pods()
+                named = [a for url in backends if url in pods for a in ("--backend-pod", f"{url}={pods[url]}")]
                 self._component = start_router(
-                    backends, policy=self.policy, extra=self.extra, health_path="/health", timeout_s=30, port=self.port
-                )
+                    backends, policy=self.policy, extra=[*self.extra, *named], health_path="/health", timeout_s=30,
+                    port=self.port, env=self.env,
+                )  # fmt: skip
                 _say(f"Router on {self.url}/v1 in front of {len(backends)} engine(s)")
 
     def stop(self) -> None:

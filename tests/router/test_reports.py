@@ -319,6 +319,7 @@ def test_docs_status_names_the_real_flags_metrics_and_messages() -> None:
     flags = {s for a in parser._actions for s in a.option_strings}
     assert set(re.findall(r"(--[a-z-]+[a-z])", section)) <= flags
     telemetry = Telemetry()
+    telemetry.watch(lambda: [BackendState("http://a")], dict)
     telemetry.routed("sql", hit=False, slot_load=True)
     telemetry.held("sql", "load", 0.1)
     page = telemetry.exposition().decode()

@@ -186,6 +186,7 @@ def test_router_routes_by_the_reports_on_the_pods(
         client(router).completions.create(model="math", prompt="x", max_tokens=1)
 
     page = scrape(router)
+    assert metric(page, "lorapool_router_backend_reported") == 2
     assert metric(page, "lorapool_router_adapter_requests_total", adapter="sql") == 6
     assert metric(page, "lorapool_router_adapter_requests_total", adapter="sql", result="hit") == 5
     assert metric(page, "lorapool_router_adapter_requests_total", adapter="chat", result="miss") == 1

@@ -50,9 +50,15 @@ class _LiveGauges(Collector):
             "Distinct adapters in flight on the backend (router's and foreign)",
             labels=["backend"],
         )
+        reported = GaugeMetricFamily(
+            "lorapool_router_backend_reported",
+            "1 when the backend's pod has a usable sidecar report the router routes by (else /v1/models decides)",
+            labels=["backend"],
+        )
         for state in self._backends():
             view = state.view()
             up.add_metric([state.id], 1.0 if state.up else 0.0)
+            reported.add_metric([state.id], 1.0 if state.report is not None else 0.0)
             inflight.add_metric([state.id], float(state.inflight_total))
             slots.add_metric([state.id], float(len(view.active)))
         depth = GaugeMetricFamily(
@@ -68,7 +74,7 @@ class _LiveGauges(Collector):
             depth.add_metric(["other"], float(rest))
         queued = GaugeMetricFamily("lorapool_router_queued_requests", "Requests waiting in all adapter queues")
         queued.add_metric([], float(sum(n for _, n in depths)))
-        yield from (up, inflight, slots, depth, queued)
+        yield from (up, reported, inflight, slots, depth, queued)
 
 
 class Telemetry:

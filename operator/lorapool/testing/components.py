@@ -144,13 +144,14 @@ def start_router(
     health_path: str = "/livez",
     timeout_s: float = 60.0,
     port: int | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Component:
-    """Start ``lorapool router``; returns once ``health_path`` answers (``/health`` also needs a live backend)."""
+    """Start ``lorapool router``; returns once ``health_path`` answers (``/health`` also needs a live backend).
+    ``env``: added to the environment (``KUBECONFIG`` for ``--report-pods``)."""
     port = port or free_port()
     url = f"http://127.0.0.1:{port}"
-    return Component(
-        url, start_process(router_argv(port, backends, policy=policy, extra=extra), url + health_path, timeout_s)
-    )
+    argv = router_argv(port, backends, policy=policy, extra=extra)
+    return Component(url, start_process(argv, url + health_path, timeout_s, env=env))
 
 
 def _opt(flag: str, value: object) -> list[str]:
