@@ -328,3 +328,42 @@ def test_docs_status_names_the_real_flags_metrics_and_messages() -> None:
     assert named and named <= exported, named - exported
     unknown = standing("a", {"x": report()}).reason
     assert unknown in section.replace("`", "'") or unknown.replace("'", "") in section.replace("`", "")
+
+
+def test_reports_are_forgotten_when_the_pod_watch_keeps_failing() -> None:
+    """A watch that cannot list (API down, rights revoked) must not leave stale reports in charge:
+    after FORGET_AFTER_FAILURES failures the router gets an empty snapshot, so /v1/models decides."""
+    from kubernetes.client.rest import ApiException
+
+    from lorapool.router.kubewatch import ListWatch
+    from lorapool.router.podreports import FORGET_AFTER_FAILURES
+
+    calls: list[str] = []
+
+    def list_call(api: Any) -> Any:
+        def refused(namespace: str, **_: Any) -> Any:
+            calls.append(namespace)
+            raise ApiException(status=403, reason="Forbidden")
+
+        return refused
+
+    async def run() -> list[dict[str, Any]]:
+        published: list[dict[str, Any]] = []
+        got = asyncio.Event()
+
+        def publish(items: dict[str, Any]) -> None:
+            published.append(items)
+            got.set()
+
+        watch = ListWatch("Pods", list_call, "ns", "a=b", pod_facts, publish, asyncio.get_running_loop(),
+                          api_client=object(), forget_after_failures=FORGET_AFTER_FAILURES)  # fmt: skip
+        watch.start()
+        try:
+            await asyncio.wait_for(got.wait(), 20)
+        finally:
+            watch.stop()
+            await asyncio.to_thread(watch.join, 10)
+        return published
+
+    assert asyncio.run(run()) == [{}]
+    assert len(calls) >= FORGET_AFTER_FAILURES

@@ -3,7 +3,8 @@
 Shell. The official ``kubernetes`` client's watch is blocking, so it runs in a daemon thread:
 list (label selector), publish, watch from the list's resourceVersion, publish after every
 event; a 410 Gone, an ERROR event, a dropped or silent watch (server timeout) re-lists; other
-failures back off 0.5, 1, 2, 5, 10 s. Each object is turned into the router's own value by
+failures back off 0.5, 1, 2, 5, 10 s (and, for facts that mislead when stale, are forgotten
+after a few: ``forget_after_failures``). Each object is turned into the router's own value by
 ``transform`` in that thread (decoding a sidecar's report stays off the event loop), and every
 change hands ``publish`` a fresh ``{name: value}`` snapshot on the event loop. One watch per
 kind per router. Config: in-cluster, else KUBECONFIG / ~/.kube (``lorapool.kubeconfig``).
@@ -39,12 +40,16 @@ class ListWatch(Generic[T]):
         loop: asyncio.AbstractEventLoop,
         *,
         api_client: Any = None,
+        forget_after_failures: int | None = None,
     ) -> None:
-        """``list_call(api_client)``: the client's ``list_namespaced_*`` method to list and watch with."""
+        """``list_call(api_client)``: the client's ``list_namespaced_*`` method to list and watch with.
+        ``forget_after_failures``: publish an empty snapshot after this many failures in a row (facts
+        that go stale mislead, e.g. reports); None keeps the last snapshot (e.g. backends)."""
         self.kind, self.list_call = kind, list_call
         self.namespace, self.selector = namespace, selector
         self.transform, self.publish, self.loop = transform, publish, loop
         self.api_client = api_client
+        self.forget_after_failures = forget_after_failures
         self.synced = threading.Event()  # set after the first successful list
         self._stop = threading.Event()
         self._watch: Any = None
@@ -58,6 +63,10 @@ class ListWatch(Generic[T]):
         self._stop.set()
         if self._watch is not None:
             self._watch.stop()
+
+    def join(self, timeout_s: float) -> None:
+        """Wait for the thread to end after ``stop`` (tests; a live watch ends at its next event)."""
+        self._thread.join(timeout_s)
 
     def _send(self, items: dict[str, T]) -> None:
         if not self._stop.is_set():
@@ -109,4 +118,7 @@ class ListWatch(Generic[T]):
                 failures += 1
                 log.warning(f"Failed to watch {self.kind}", extra={"error": repr(exc)})
             if failures:
+                if self.forget_after_failures is not None and failures == self.forget_after_failures:
+                    log.warning(f"Forgot {self.kind} until the watch recovers", extra={"failures": failures})
+                    self._send({})
                 self._stop.wait(BACKOFF_S[min(failures, len(BACKOFF_S)) - 1])

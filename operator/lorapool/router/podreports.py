@@ -3,7 +3,8 @@
 Shell: a ``kubewatch.ListWatch`` of Pods matching the engines' label selector in the pool's
 namespace (``--report-pods NAMESPACE/SELECTOR``; the operator renders it). Each Pod becomes a
 ``reports.PodFacts`` in the watch thread (the annotation is decoded there, once per change);
-the router maps backends to pods and folds the reports in (``server``). RBAC needed:
+the router maps backends to pods and folds the reports in (``server``). When the watch keeps
+failing (``FORGET_AFTER_FAILURES``), the reports are dropped until it recovers. RBAC needed:
 get/list/watch on ``pods`` in the namespace.
 """
 
@@ -15,6 +16,11 @@ from typing import Any
 
 from lorapool.router.kubewatch import ListWatch
 from lorapool.router.reports import PodFacts, pod_facts
+
+# After this many failed lists/watches in a row (~3.5 s of backoff), the reports are dropped and
+# /v1/models decides again: a stale "loading" would hold an adapter's requests, then 503 them,
+# long after its engine loaded it.
+FORGET_AFTER_FAILURES = 3
 
 
 def parse_pods_target(target: str) -> tuple[str, str]:
@@ -51,4 +57,7 @@ def pod_report_watch(
     api_client: Any = None,
 ) -> ListWatch[PodFacts]:
     """A watch of the engine Pods; ``publish`` gets ``{pod name: PodFacts}`` after every change."""
-    return ListWatch("Pods", _list_pods, namespace, selector, pod_facts, publish, loop, api_client=api_client)
+    return ListWatch(
+        "Pods", _list_pods, namespace, selector, pod_facts, publish, loop,
+        api_client=api_client, forget_after_failures=FORGET_AFTER_FAILURES,
+    )  # fmt: skip
