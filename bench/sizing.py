@@ -18,9 +18,10 @@ KV cache is what a batch runs short of:
 Rows: ``static (auto, catalog)``, auto before issue 15 (a slot per adapter, capped at maxNumSeqs
 = 256); ``static (auto, concurrency)``, auto since issue 15 (``plan.sizing.estimate_concurrency``);
 ``tuned``, the closed loop from the concurrency default: each round runs the workload, samples
-the engine every 0.5 s as the sidecar samples /metrics (``sidecar.observations``: vLLM 0.32's
-in-flight adapter lists, waiting count, KV usage), closes 10 s windows, pools them and asks
-``plan.sizing.recommend`` (p95 distinct adapters in flight x 1.25, capped as the plan caps it),
+the engine every 0.5 s as the sidecar samples /metrics (``sidecar.observations``, as vLLM 0.32
+shows it: the running batch's adapters only, waiting count, KV usage), closes 10 s windows,
+pools them and asks ``plan.sizing.recommend`` (p95 distinct adapters x 1.25, grown when requests
+wait with every slot busy and KV free, stepped down while KV runs short, capped as the plan is),
 moves by at most x2 per round (``spec.lora.tuning.maxStepFactor``'s default) and keeps the
 previous value when p99 TTFT or goodput got worse by more than 10 % (the rollback margin); it
 stops when the recommendation says Keep. ``sweep``: every value of ``SWEEP``; the best by goodput
@@ -125,15 +126,15 @@ def schedule(w: SizingWorkload, n: int = CATALOG) -> list[Arrival]:
 
 
 def sample(engine: Engine, max_loras: int) -> Sample:
-    """The engine as vLLM 0.32's /metrics shows it: in-flight adapters in both lists, so no split."""
-    inflight = frozenset(engine.running_adapter_names()) | frozenset(engine.waiting_adapter_names())
+    """The engine as vLLM 0.32's /metrics shows it: lora_requests_info lists the running batch's
+    adapters only (tests/engine/test_observations_real.py), not those whose requests wait."""
     return Sample(
         running=engine.num_running,
         waiting=engine.num_waiting,
         kv_usage=engine.kv_cache_usage,
         preemptions_total=float(engine.stats.preemptions),
         max_loras=max_loras,
-        inflight=inflight,
+        inflight=frozenset(engine.running_adapter_names()),
     )
 
 

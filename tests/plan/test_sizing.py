@@ -164,11 +164,17 @@ RECOMMEND: dict[str, tuple[Evidence | None, SlotBounds, int, Action]] = {
         20,
         Action.GROW,
     ),
-    "slot-waits-raise-it-to-the-max": (
+    "slot-waits-with-every-slot-busy-grow-past-the-censored-count": (
+        pool_evidence([obs(distinct_p50=8.0, distinct_p95=8.0, distinct_max=8, slot_wait_s=6.0)]),
+        replace(BOUNDS, current=8),
+        10,
+        Action.GROW,
+    ),
+    "slot-waits-with-demand-shown-raise-it-to-the-max": (
         pool_evidence([obs(distinct_p95=8.0, distinct_max=30, slot_wait_s=6.0)]),
-        BOUNDS,
+        replace(BOUNDS, current=8),
         30,
-        Action.SHRINK,
+        Action.GROW,
     ),
     "kv-short-steps-down-instead-of-growing": (
         pool_evidence([obs(distinct_p95=180.0, preemptions=3)]),

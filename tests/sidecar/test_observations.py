@@ -45,9 +45,10 @@ def test_parse_sample(text: str, want: Sample) -> None:
 
 
 SLOT_BOUND = {
-    "more-adapters-than-slots-kv-free": (Sample(2, 3, 0.2, 0, 2, frozenset("abc")), True, False),
+    "more-adapters-listed-than-slots-kv-free": (Sample(2, 3, 0.2, 0, 2, frozenset("abc")), True, False),
     "more-adapters-than-slots-kv-full": (Sample(2, 3, 0.95, 0, 2, frozenset("abc")), False, True),
-    "fits-the-slots": (Sample(2, 3, 0.2, 0, 2, frozenset("ab")), False, False),
+    "every-slot-busy-kv-free": (Sample(2, 3, 0.2, 0, 2, frozenset("ab")), True, False),
+    "a-slot-free": (Sample(2, 3, 0.2, 0, 2, frozenset("a")), False, False),
     "nothing-waits": (Sample(2, 0, 0.2, 0, 2, frozenset("abc")), False, False),
 }
 

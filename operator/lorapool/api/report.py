@@ -79,12 +79,12 @@ class AdapterReport:
 class AdapterLoad:
     """One adapter's load on one replica over a window, in seconds of that window.
 
-    ``inflight_s``: how long the engine listed it with a request in flight (running or waiting);
-    its share of the window is the adapter's mean presence in the batch, the load placement reads.
-    ``waiting_s``: how long it was listed waiting and *not* running, i.e. waiting for a GPU slot or
-    for KV cache. vLLM 0.32 lists every in-flight adapter in both ``running_lora_adapters`` and
-    ``waiting_lora_adapters`` (tests/conformance), so on that engine this is always 0: the split is
-    not observable there, only presence is.
+    ``inflight_s``: how long the engine listed it in vllm:lora_requests_info (vLLM 0.32: in the
+    running batch; the simulator: running or waiting); its share of the window is the adapter's
+    mean presence in the batch, the load placement reads.
+    ``waiting_s``: how long it was listed waiting and *not* running. vLLM 0.32 lists the running
+    batch's adapters in both ``running_lora_adapters`` and ``waiting_lora_adapters``
+    (tests/engine/test_observations_real.py), so on that engine this is always 0.
     """
 
     inflight_s: float
@@ -99,13 +99,14 @@ class Observations:
 
     - ``window_s`` [w], ``end`` [t] (Unix seconds when the window closed), ``samples`` [n];
     - ``max_loras`` [L]: the engine's ``max_lora`` label (its --max-loras), None when it has no LoRA;
-    - ``distinct_p50`` / ``distinct_p95`` / ``distinct_max`` [d]: distinct adapters with a request
-      in flight per sample (vllm:lora_requests_info, latest series). This is slot *demand*: it may
-      exceed ``max_loras`` when requests wait for a slot; the running batch holds at most
-      ``max_loras`` of them;
+    - ``distinct_p50`` / ``distinct_p95`` / ``distinct_max`` [d]: distinct adapters the engine lists
+      in vllm:lora_requests_info (latest series) per sample. On vLLM 0.32 that is the running batch
+      (never more than ``max_loras``: demand beyond the slots does not show); engines that list
+      waiting adapters too (the simulator) show demand beyond it;
     - ``slot_wait_s`` [sw]: seconds of the window during which requests waited
-      (vllm:num_requests_waiting > 0) while more adapters were in flight than slots and the KV
-      cache was not full (vllm:kv_cache_usage_perc < ``KV_FREE_BELOW``): waits more slots would end;
+      (vllm:num_requests_waiting > 0) while every slot was busy (as many adapters listed as
+      ``max_loras``) and the KV cache was not full (vllm:kv_cache_usage_perc < ``KV_FREE_BELOW``):
+      waits more slots would end;
     - ``kv_wait_s`` [kw]: seconds during which requests waited while the KV cache was full: waits
       more slots would make worse (every slot takes KV cache);
     - ``kv_usage_p50`` / ``kv_usage_p95`` / ``kv_usage_max`` [kv]: vllm:kv_cache_usage_perc (0-1);

@@ -12,8 +12,9 @@ slot's LoRA buffer is taken from the KV cache before it is sized. So:
   every adapter equally likely. Uniform traffic maximises that expectation for a given batch,
   so the estimate is safe for any traffic mix; skewed (Zipf) traffic needs fewer, which only
   observation can tell;
-- after traffic, the distinct adapters the engines had in flight (p95 over a window, with a
-  margin), raised when requests waited for a slot while KV cache was free; while the KV cache
+- after traffic, the distinct adapters the engines list (p95 over a window, with a margin:
+  vLLM 0.32 lists the running batch's, so the count is censored at the slot count), grown past
+  the current value when requests waited with every slot busy while KV cache was free; while the KV cache
   runs short (preemptions, waits with it full) never grown, but stepped down: a slot is paid for
   in KV cache, and the apply loop's rollback undoes a step that made latency worse.
 """
@@ -160,16 +161,24 @@ class Recommendation:
     end: float | None = None
 
 
-def _slots_needed(e: Evidence) -> tuple[int, str]:
-    """Slots the evidence asks for, and the arithmetic in words."""
+def _slots_needed(e: Evidence, current: int) -> tuple[int, str]:
+    """Slots the evidence asks for, and the arithmetic in words.
+
+    vLLM 0.32 lists only the running batch's adapters, so the distinct count is censored at the
+    slot count; when requests waited with every slot busy and KV cache free, demand is past what
+    shows, and the need is at least the current value plus the margin (the loop's step bound and
+    rollback guard the growth).
+    """
     need = max(1, math.ceil(e.distinct_p95 * (1 + SLOT_MARGIN) - 1e-9))
     why = f"p95 {e.distinct_p95:g} x {1 + SLOT_MARGIN:g} margin = {need}"
-    if e.slot_wait_share >= SLOT_WAIT_SIGNIFICANT and e.distinct_max > need:
-        need = e.distinct_max
-        why += (
-            f"; raised to the max {e.distinct_max} because requests waited for a slot with KV cache free "
-            f"{e.slot_wait_share:.0%} of the time"
-        )
+    if e.slot_wait_share >= SLOT_WAIT_SIGNIFICANT:
+        grown = max(e.distinct_max, math.ceil(current * (1 + SLOT_MARGIN) - 1e-9))
+        if grown > need:
+            need = grown
+            why += (
+                f"; raised to {grown} because requests waited with every slot busy and KV cache free "
+                f"{e.slot_wait_share:.0%} of the time"
+            )
     return need, why
 
 
@@ -180,7 +189,7 @@ def recommend(e: Evidence | None, b: SlotBounds) -> Recommendation:
         return Recommendation(
             b.current, b.current, Action.INSUFFICIENT, 0, 0, f"{seen} (need {MIN_SAMPLES}); keeping {b.current}"
         )
-    need, why = _slots_needed(e)
+    need, why = _slots_needed(e, b.current)
     ceiling = min(b.max_slots, max(1, b.n_adapters))
     target = min(need, ceiling)
     if target < need:

@@ -11,11 +11,15 @@ Which vLLM signals are trustworthy (checked against vLLM 0.32's CPU build in tes
   and the ``vllm:num_preemptions_total`` counter: exact, read as they are;
 - ``vllm:lora_requests_info``: one series per label set whose value is the time it was last
   set; older label sets stay on the page, so only the series with the largest value counts.
-  Its ``max_lora`` label is the engine's --max-loras. Its adapter lists are *in-flight* sets:
-  vLLM 0.32 lists every adapter with a request in flight in BOTH ``running_lora_adapters`` and
-  ``waiting_lora_adapters``. So the number of distinct adapters in flight (slot demand) is
-  trustworthy, which adapter is running and which waits is not; an adapter is counted waiting
-  only when listed waiting and not running (engines that keep the lists apart);
+  Its ``max_lora`` label is the engine's --max-loras. Its adapter lists, measured on vLLM 0.32's
+  CPU build (tests/engine/test_observations_real.py): both ``running_lora_adapters`` and
+  ``waiting_lora_adapters`` list the adapters of the *running* batch, the same names in both,
+  and adapters whose requests all wait are in neither. So the distinct adapters counted here are
+  those in the running batch: trustworthy, but censored at ``max_lora`` (demand beyond the slots
+  does not show); which adapters wait is not observable (``waiting_only`` stays empty on vLLM
+  0.32; an engine that keeps the lists apart fills it). The simulator lists waiting adapters too;
+- slot waits are therefore inferred from exact signals: requests waiting while every slot is
+  busy (as many adapters running as ``max_lora``) and the KV cache has room;
 - the lists are a snapshot of the last engine step, not of the scrape instant: an idle
   engine keeps showing the last set until its next step, so a window needs many samples.
 """
@@ -49,18 +53,18 @@ class Sample:
     kv_usage: float = 0.0
     preemptions_total: float = 0.0
     max_loras: int | None = None
-    inflight: frozenset[str] = frozenset()  # running or waiting adapters (vLLM lists both alike)
+    inflight: frozenset[str] = frozenset()  # adapters listed (vLLM 0.32: the running batch's)
     waiting_only: frozenset[str] = frozenset()  # listed waiting and not running
     ttft_buckets: tuple[tuple[float, float], ...] = ()  # (le, cumulative count), all label sets summed
     finished_total: float = 0.0  # requests finished with stop or length (vllm:request_success_total)
 
     @property
     def slot_bound(self) -> bool:
-        """Requests wait, more adapters are in flight than slots, and the KV cache has room."""
+        """Requests wait while every slot is busy and the KV cache has room: waits more slots would end."""
         return (
             self.waiting > 0
             and self.max_loras is not None
-            and len(self.inflight) > self.max_loras
+            and len(self.inflight) >= self.max_loras
             and self.kv_usage < KV_FREE_BELOW
         )
 

@@ -1,0 +1,93 @@
+"""What the sidecar's observer sees on a real vLLM (CPU build): the signals sizing trusts.
+
+One vLLM with ``--max-loras 1`` and three adapters gets six concurrent requests; the metrics page is
+sampled as the sidecar samples it (``sidecar.observations``) while they run. What vLLM 0.32 shows:
+``vllm:lora_requests_info`` lists only the running batch's adapter (in both its running and its
+waiting label) while requests of the other two wait, so the distinct count is censored at the slot
+count and no adapter is ever waiting-only; the waits themselves show as slot waits (requests
+waiting, every slot busy, KV cache free); every request is counted finished, with a TTFT p99
+(docs/sizing.md).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from lorapool.engine.fixtures import engine_or_skip
+from lorapool.engine.replicas import replica_configs, start_engines, stop_engines
+from lorapool.engine.server import ServeConfig
+from lorapool.engine.tinymodel import ensure_tiny_model, write_tiny_adapter
+from lorapool.sidecar.observations import Sample, parse_sample, summarize
+from lorapool.testing.processes import ProcessError
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
+
+ADAPTERS = ("obs-a", "obs-b", "obs-c")
+
+
+def _complete(url: str, model: str) -> int:
+    body = {"model": model, "prompt": "Once upon a time", "max_tokens": 96, "ignore_eos": True, "temperature": 0}
+    req = urllib.request.Request(
+        f"{url}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=300) as resp:
+        return int(resp.status)
+
+
+def test_a_window_on_vllm_shows_slot_demand_waits_and_latency(tmp_path: Path) -> None:
+    install = engine_or_skip()
+    modules = tuple((n, str(write_tiny_adapter(tmp_path / n, seed=300 + i))) for i, n in enumerate(ADAPTERS))
+    template = ServeConfig(
+        model=str(ensure_tiny_model(engine=install)), port=0, served_model_name="tiny-llama",
+        max_loras=1, max_lora_rank=16, max_cpu_loras=len(ADAPTERS), lora_modules=modules,
+    )  # fmt: skip
+    cfgs = replica_configs(template, 1)
+    try:
+        procs = start_engines("vllm", cfgs, install=install)
+    except ProcessError as exc:
+        pytest.fail(f"vllm did not start: {exc}", pytrace=False)
+    try:
+        url = cfgs[0].url
+
+        def scrape() -> Sample:
+            with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+                return parse_sample(resp.read().decode())
+
+        samples: list[tuple[float, Sample]] = [(time.monotonic(), scrape())]
+        done = threading.Event()
+
+        def sampler() -> None:
+            while not done.is_set():
+                samples.append((time.monotonic(), scrape()))
+                done.wait(0.1)
+
+        thread = threading.Thread(target=sampler, name="sampler")
+        thread.start()
+        try:
+            with ThreadPoolExecutor(max_workers=6) as pool:
+                statuses = list(pool.map(lambda m: _complete(url, m), [*ADAPTERS, *ADAPTERS]))
+        finally:
+            done.set()
+            thread.join(timeout=30)
+        samples.append((time.monotonic(), scrape()))
+    finally:
+        stop_engines(procs)
+    assert statuses == [200] * 6
+    times = [t for t, _ in samples]
+    dt = [0.0, *(b - a for a, b in itertools.pairwise(times))]
+    obs = summarize([s for _, s in samples], dt, window_s=times[-1] - times[0], end=times[-1])
+    assert obs.max_loras == 1
+    assert obs.distinct_max == 1, obs  # censored: the two adapters whose requests wait are not listed
+    assert any(s.waiting > 0 and len(s.inflight) == 1 for _, s in samples)
+    assert obs.slot_wait_s > 0, obs  # requests waited with the one slot busy and KV cache free
+    assert obs.finished == 6 and obs.ttft_p99_s is not None and obs.ttft_p99_s > 0, obs
+    assert all(not s.waiting_only for _, s in samples)  # vLLM 0.32: both labels list the same names
+    assert set(obs.adapters) == set(ADAPTERS) and obs.kv_usage_max < 0.9
