@@ -14,7 +14,7 @@ writes, in one strategic-merge patch of its Pod's ``status`` subresource,
   (which fails on every replica alike) keeps no pod out.
 
 - under the annotation's key ``obs``, the engine's **observations** over the last closed window
-  (``Observations``: distinct adapters in flight, slot waits, KV usage, preemptions, per-adapter
+  (``Observations``: distinct adapters per batch, slot waits, KV usage, preemptions, per-adapter
   load), read by sizing (``lorapool.plan.sizing``) and placement. They change once per window,
   so they cost one write per window, never one per scrape.
 

@@ -208,7 +208,7 @@ def recommend(e: Evidence | None, b: SlotBounds) -> Recommendation:
     kv_bytes = (b.current - target) * b.slot_bytes
     kv_tokens = kv_bytes // b.kv_per_token_bytes if b.kv_per_token_bytes else 0
     seen = (
-        f"over {e.window_s:.0f} s on {e.replicas} replica(s), {e.samples} samples: distinct adapters in flight "
+        f"over {e.window_s:.0f} s on {e.replicas} replica(s), {e.samples} samples: distinct adapters per batch "
         f"p50 {e.distinct_p50:g}, p95 {e.distinct_p95:g}, max {e.distinct_max} with {b.current} slots; "
         f"slot waits with KV free {e.slot_wait_s:.0f} s, KV usage p95 {e.kv_usage_p95:.0%}, "
         f"{e.preemptions} preemption(s)"
