@@ -189,9 +189,7 @@ class RecommendationStatus(Status):
     max_loras: int = Field(description="Recommended --max-loras.")
     current: int = Field(description="--max-loras of the plan now.")
     action: str = Field(description="Keep, Grow, Shrink or InsufficientData.")
-    kv_cache_bytes: int = Field(
-        default=0, description="KV cache per GPU the change frees (negative: takes), in bytes."
-    )
+    kv_cache_bytes: int = Field(default=0, description="KV cache per GPU the change frees (negative: takes), in bytes.")
     kv_cache_tokens: int = Field(default=0, description="The same in tokens.")
     evidence: str = Field(description="What was observed, over which window, and the arithmetic.")
     window_seconds: float | None = Field(default=None, description="Length of the replicas' observation window.")
