@@ -264,6 +264,21 @@ def test_a_held_request_binds_as_soon_as_a_report_says_loaded(policy: str) -> No
     assert 'lorapool_router_queue_wait_seconds_count{reason="load"} 1.0' in page
 
 
+def test_an_adapter_held_only_by_a_down_replica_is_503_not_404() -> None:
+    from lorapool.router.scheduler import NoBackend
+
+    async def run() -> str:
+        pool = Pool({A: report(sql=LOADED), B: report()})
+        pool.scheduler.states[A].mark_down("connection refused")
+        try:
+            await pool.scheduler.acquire(Request("sql"))
+        except NoBackend as exc:
+            return str(exc)
+        return "bound"
+
+    assert "loaded only on replicas that are down" in asyncio.run(run())
+
+
 def test_a_held_request_gets_404_as_soon_as_the_load_fails() -> None:
     async def run() -> tuple[str, float]:
         pool = Pool({A: report(sql=DOWNLOADING), B: report()}, max_wait_s=10)

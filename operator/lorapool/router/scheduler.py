@@ -121,12 +121,12 @@ class Scheduler:
 
     def _refuse_lost_loads(self) -> None:
         """Requests waiting for a load that the reports now say failed (or vanished): 404 at once."""
-        live = [v for v in self._views() if v.up]
+        views = self._views()
         for model in list(self.queues.depths()):
             waiters = [w for w in self.queues.items(model) if w.reason == HoldReason.LOAD]
             if not waiters:
                 continue
-            verdict = self.standing(model, live)
+            verdict = self.standing(model, views)
             if verdict.standing not in (Standing.FAILED, Standing.UNKNOWN):
                 continue
             for waiter in waiters:
@@ -184,8 +184,14 @@ class Scheduler:
         return await self._hold(req, exclude)
 
     async def _not_served(self, req: Request, exclude: frozenset[str], live: Sequence[Backend]) -> Lease:
-        """No live backend serves the model: wait for a load the reports announce, else 404 with their reason."""
-        verdict = self.standing(req.model, live) if req.is_adapter else Verdict(Standing.UNREPORTED)
+        """No live backend serves the model: wait for a load the reports announce, else 404 with their reason.
+
+        The reports of every backend count (down or already tried ones too): an adapter held only
+        by replicas that are down is a 503, not a 404 "not in the pool"."""
+        verdict = self.standing(req.model, self._views()) if req.is_adapter else Verdict(Standing.UNREPORTED)
+        if verdict.standing == Standing.LOADED:
+            held_by = ", ".join(verdict.loaded_on)
+            raise NoBackend(f"adapter {req.model!r} is loaded only on replicas that are down or were tried ({held_by})")
         if verdict.standing == Standing.LOADING:
             return await self._hold(req, exclude, reason=HoldReason.LOAD)
         if verdict.standing in (Standing.FAILED, Standing.UNKNOWN):
