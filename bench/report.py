@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from bench import real_engine
+from bench import chaos, real_engine
 from bench import sizing as sizing_cell
 from bench.scenarios import LORAPOOL_AFFINITY as AFFINITY
 from bench.scenarios import LORAPOOL_ROUND_ROBIN, NOT_BASELINES, ORACLE
@@ -90,7 +90,7 @@ def _targets(data: dict[str, Any]) -> list[str]:
         for c in cells:
             mark = "" if t.passes(c) else " (out)"
             limit = f", bound {_f(c.limit)}{t.unit}" if c.limit is not None and c.limit != t.limit else ""
-            digits = 0 if t.unit == " req/s" else 2
+            digits = 0 if t.unit in (" req/s", " requests") else 2
             shown.append(f"{_f(c.value, digits)}{t.unit} {c.label}{limit}{mark}")
         lines.append(f"| {t.issue} | {t.what} | {t.bound} | {'; '.join(shown) or '-'} | {verdict} |")
     return [*lines, ""]
@@ -221,8 +221,16 @@ def _overhead(data: dict[str, Any]) -> list[str]:
     return lines
 
 
-def render(data: dict[str, Any], plots_dir: str = "results", real_engine_section: list[str] | None = None) -> str:
+def render(
+    data: dict[str, Any],
+    plots_dir: str = "results",
+    real_engine_section: list[str] | None = None,
+    chaos_data: dict[str, Any] | None = None,
+) -> str:
     """The whole of RESULTS.md for ``data``; ``plots_dir`` is the plots' path relative to it."""
+    if chaos_data is None:  # the committed chaos cell (chaos.json) beside the committed results
+        chaos_data = chaos.load(Path(__file__).resolve().parent / "results") or {}
+    data = {**data, "chaos": chaos_data}  # its target reads it
     data = {**data, "sizing": sizing_cell.load(Path(__file__).resolve().parent / "results") or {}}
     lines = ["# Routing benchmark results", "", "Written by `bench/report.py` from `bench/results/results.json`:"]
     lines += ["do not edit by hand (`python bench/run.py --report-only` rewrites it).", ""]
@@ -245,6 +253,7 @@ def render(data: dict[str, Any], plots_dir: str = "results", real_engine_section
         real_engine_section = real_engine.section(Path(__file__).resolve().parent / "results")
     lines += real_engine_section
     lines += sizing_cell.section(data["sizing"])
+    lines += chaos.section(chaos_data, plots_dir)
     lines += ["## Plots", ""] + [f"![{f}]({plots_dir}/{f})" for f in PLOTS] + [""]
     lines += [METHOD.read_text().rstrip("\n"), ""]
     return "\n".join(lines)
@@ -319,5 +328,6 @@ def plot(data: dict[str, Any], out: Path) -> None:
 def write_report(data: dict[str, Any], out: Path, report: Path) -> None:
     """Plots into ``out``, RESULTS.md at ``report``."""
     plot(data, out)
+    chaos.plot(out)
     rel = out.relative_to(report.parent) if out.is_relative_to(report.parent) else out
-    report.write_text(render(data, rel.as_posix(), real_engine.section(out)))
+    report.write_text(render(data, rel.as_posix(), real_engine.section(out), chaos.load(out) or {}))

@@ -5,6 +5,7 @@
     python bench/run.py --merge --skip-overhead --only c-uniform-poisson   # re-measure some cells
     python bench/run.py --report-only                  # rewrite RESULTS.md from results.json
     python bench/run.py --real-engine                  # the vLLM CPU cell (bench/real_engine.py), ~8 min
+    python bench/run.py --chaos                        # the chaos cell (bench/chaos.py): a replica killed, ~6 min
 
 Every run starts fresh simulator replicas (cold caches, same seed), then one system in front
 of them, then replays the same seeded open-loop schedule. See RESULTS.md for the method.
@@ -157,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-only", action="store_true", help="rewrite RESULTS.md from OUT")
     parser.add_argument("--real-engine", action="store_true", help="measure only the vLLM CPU cell (real_engine.json)")
     parser.add_argument("--sizing", action="store_true", help="measure only the max-loras sizing cell (sizing.json)")
+    parser.add_argument("--chaos", action="store_true", help="measure only the chaos cell (chaos.json)")
     args = parser.parse_args(argv)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -171,6 +173,12 @@ def main(argv: list[str] | None = None) -> int:
         from bench import real_engine
 
         real_engine.run(out, adapter_root / "real-engine", stamp)
+        write_report(json.loads(results_path.read_text()), out, report)
+        return 0
+    if args.chaos:
+        from bench import chaos
+
+        chaos.run(out, adapter_root, stamp)
         write_report(json.loads(results_path.read_text()), out, report)
         return 0
     if args.sizing:

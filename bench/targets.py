@@ -174,6 +174,12 @@ def _capacity(data: dict[str, Any]) -> list[Cell]:
     return [Cell("lorapool affinity", found if found is not None else 0.0)]
 
 
+def _chaos_vanished(data: dict[str, Any]) -> list[Cell]:
+    """Per system of the chaos cell (bench/chaos.py, read into ``data["chaos"]``): requests that vanished."""
+    runs = (data.get("chaos") or {}).get("runs", [])
+    return [Cell(r["system"], float(r["accounting"]["vanished"])) for r in runs if "accounting" in r]
+
+
 def _sizing_tuned(data: dict[str, Any]) -> list[Cell]:
     """Per workload of the sizing cell (bench/sizing.py, read into ``data["sizing"]``): tuned goodput / the sweep's best."""
     from bench.sizing import tuned_share
@@ -199,6 +205,8 @@ TARGETS: tuple[Target, ...] = (
            ">= 500 req/s", 500.0, "higher", " req/s", _capacity),
     Target("12", "affinity's goodput as a fraction of the oracle's (the literature's best: within 7 %)", ">= 0.93",
            0.93, "higher", "", _oracle_fraction("goodput_rps")),
+    Target("13", "chaos, regime (a), a replica killed and restarted: requests with neither an answer nor an error",
+           "= 0", 0.0, "lower", " requests", _chaos_vanished),
     Target("15", "sizing: tuned --max-loras' goodput as a fraction of the best of a max-loras sweep", ">= 0.9",
            0.9, "higher", "", _sizing_tuned),
 )  # fmt: skip
