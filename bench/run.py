@@ -5,6 +5,7 @@
     python bench/run.py --merge --skip-overhead --only c-uniform-poisson   # re-measure some cells
     python bench/run.py --report-only                  # rewrite RESULTS.md from results.json
     python bench/run.py --real-engine                  # the vLLM CPU cell (bench/real_engine.py), ~8 min
+    python bench/run.py --large-catalog                # regime (e) (bench/large_catalog.py): 4 systems, ~15 min
     python bench/run.py --chaos                        # the chaos cell (bench/chaos.py): a replica killed, ~6 min
 
 Every run starts fresh simulator replicas (cold caches, same seed), then one system in front
@@ -157,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--report-only", action="store_true", help="rewrite RESULTS.md from OUT")
     parser.add_argument("--real-engine", action="store_true", help="measure only the vLLM CPU cell (real_engine.json)")
+    parser.add_argument(
+        "--large-catalog", action="store_true", help="measure only regime (e), k-of-N placement (into results.json)"
+    )
     parser.add_argument("--sizing", action="store_true", help="measure only the max-loras sizing cell (sizing.json)")
     parser.add_argument("--chaos", action="store_true", help="measure only the chaos cell (chaos.json)")
     args = parser.parse_args(argv)
@@ -169,6 +173,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     stamp = _stamp(argv)
     adapter_root = Path(os.environ.get("BENCH_ADAPTERS", ADAPTERS))
+    if args.large_catalog:
+        from bench import large_catalog
+
+        write_report(large_catalog.run(out, adapter_root, stamp), out, report)
+        return 0
     if args.real_engine:
         from bench import real_engine
 

@@ -112,7 +112,10 @@ ORACLE = "oracle (adapters always resident)"
 # Affinity with the hold rule issue 12 proposed (a request whose adapter runs nowhere is sent at
 # once, not held): measured beside the default, a variant of affinity, not a baseline.
 AFFINITY_HOLD_IF_ACTIVE = "lorapool affinity (hold-if-active)"
-NOT_BASELINES = (LORAPOOL_AFFINITY, ORACLE, AFFINITY_HOLD_IF_ACTIVE)
+# Regime (e) (bench/large_catalog.py): affinity routing plus the operator's k-of-N placement, the
+# product itself, not a baseline.
+LORAPOOL_PLACEMENT = "lorapool placement"
+NOT_BASELINES = (LORAPOOL_AFFINITY, ORACLE, AFFINITY_HOLD_IF_ACTIVE, LORAPOOL_PLACEMENT)
 
 SYSTEMS: tuple[System, ...] = (
     *(lorapool_system(policy) for policy in registry.POLICIES),  # every --policy the router has
