@@ -5,8 +5,8 @@ sampled as the sidecar samples it (``sidecar.observations``) while they run. Wha
 ``vllm:lora_requests_info`` lists only the running batch's adapter (in both its running and its
 waiting label) while requests of the other two wait, so the distinct count is censored at the slot
 count and no adapter is ever waiting-only; the waits themselves show as slot waits (requests
-waiting, every slot busy, KV cache free); every request is counted finished, with a TTFT p99
-(docs/sizing.md).
+waiting, every slot busy, KV cache free); every request is counted finished, with a TTFT p99;
+and the recommendation from that window grows the one slot (docs/sizing.md).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from lorapool.engine.fixtures import engine_or_skip
 from lorapool.engine.replicas import replica_configs, start_engines, stop_engines
 from lorapool.engine.server import ServeConfig
 from lorapool.engine.tinymodel import ensure_tiny_model, write_tiny_adapter
+from lorapool.plan.sizing import MIN_SAMPLES, Action, SlotBounds, pool_evidence, recommend
 from lorapool.sidecar.observations import Sample, parse_sample, summarize
 from lorapool.testing.processes import ProcessError
 
@@ -91,3 +93,7 @@ def test_a_window_on_vllm_shows_slot_demand_waits_and_latency(tmp_path: Path) ->
     assert obs.finished == 6 and obs.ttft_p99_s is not None and obs.ttft_p99_s > 0, obs
     assert all(not s.waiting_only for _, s in samples)  # vLLM 0.32: both labels list the same names
     assert set(obs.adapters) == set(ADAPTERS) and obs.kv_usage_max < 0.9
+    # the direction at small scale: one slot for three busy adapters -> grow
+    bounds = SlotBounds(current=1, max_slots=8, n_adapters=3, slot_bytes=1, kv_per_token_bytes=1)
+    rec = recommend(pool_evidence([replace(obs, samples=max(obs.samples, MIN_SAMPLES))]), bounds)
+    assert rec.action == Action.GROW and rec.max_loras >= 2, rec.evidence

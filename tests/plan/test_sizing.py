@@ -170,6 +170,12 @@ RECOMMEND: dict[str, tuple[Evidence | None, SlotBounds, int, Action]] = {
         10,
         Action.GROW,
     ),
+    "slot-waits-grow-even-one-slot": (
+        pool_evidence([obs(distinct_p50=1.0, distinct_p95=1.0, distinct_max=1, slot_wait_s=6.0)]),
+        replace(BOUNDS, current=1, n_adapters=3),
+        2,
+        Action.GROW,
+    ),
     "slot-waits-with-demand-shown-raise-it-to-the-max": (
         pool_evidence([obs(distinct_p95=8.0, distinct_max=30, slot_wait_s=6.0)]),
         replace(BOUNDS, current=8),

@@ -172,7 +172,7 @@ def _slots_needed(e: Evidence, current: int) -> tuple[int, str]:
     need = max(1, math.ceil(e.distinct_p95 * (1 + SLOT_MARGIN) - 1e-9))
     why = f"p95 {e.distinct_p95:g} x {1 + SLOT_MARGIN:g} margin = {need}"
     if e.slot_wait_share >= SLOT_WAIT_SIGNIFICANT:
-        grown = max(e.distinct_max, math.ceil(current * (1 + SLOT_MARGIN) - 1e-9))
+        grown = max(e.distinct_max, current + 1, math.ceil(current * (1 + SLOT_MARGIN) - 1e-9))
         if grown > need:
             need = grown
             why += (
@@ -201,7 +201,8 @@ def recommend(e: Evidence | None, b: SlotBounds) -> Recommendation:
             f"{e.kv_wait_s:.0f} s of waits with it full) and every slot is paid for in KV cache"
         )
     band = max(2, math.ceil(KEEP_BAND * b.current))
-    if abs(target - b.current) < band:
+    slots_short = target > b.current and e.slot_wait_share >= SLOT_WAIT_SIGNIFICANT
+    if abs(target - b.current) < band and not slots_short:  # slot waits are a signal, not noise
         action, target = Action.KEEP, b.current
     else:
         action = Action.GROW if target > b.current else Action.SHRINK
