@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from bench import chaos, real_engine
+from bench import chaos, large_catalog, real_engine
 from bench import sizing as sizing_cell
 from bench.scenarios import LORAPOOL_AFFINITY as AFFINITY
 from bench.scenarios import LORAPOOL_ROUND_ROBIN, NOT_BASELINES, ORACLE
@@ -254,6 +254,7 @@ def render(
     lines += real_engine_section
     lines += sizing_cell.section(data["sizing"])
     lines += chaos.section(chaos_data, plots_dir)
+    lines += large_catalog.section(data, plots_dir)
     lines += ["## Plots", ""] + [f"![{f}]({plots_dir}/{f})" for f in PLOTS] + [""]
     lines += [METHOD.read_text().rstrip("\n"), ""]
     return "\n".join(lines)
@@ -329,5 +330,6 @@ def write_report(data: dict[str, Any], out: Path, report: Path) -> None:
     """Plots into ``out``, RESULTS.md at ``report``."""
     plot(data, out)
     chaos.plot(out)
+    large_catalog.plot(data, out)
     rel = out.relative_to(report.parent) if out.is_relative_to(report.parent) else out
     report.write_text(render(data, rel.as_posix(), real_engine.section(out), chaos.load(out) or {}))

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from bench import large_catalog
 from bench.scenarios import LORAPOOL_AFFINITY as AFFINITY
 from bench.scenarios import LORAPOOL_ROUND_ROBIN, NOT_BASELINES, ORACLE
 
@@ -187,6 +188,32 @@ def _sizing_tuned(data: dict[str, Any]) -> list[Cell]:
     return [Cell(c["workload"]["name"], tuned_share(c)) for c in (data.get("sizing") or {}).get("workloads", [])]
 
 
+def _placement_vs_affinity(key: str) -> Callable[[dict[str, Any]], list[Cell]]:
+    """Regime (e): lorapool placement against all-replica affinity (``large_catalog.versus_affinity``)."""
+
+    def cells(data: dict[str, Any]) -> list[Cell]:
+        out = []
+        for name, runs in large_catalog.regime_e(data).items():
+            ratios = large_catalog.versus_affinity(runs)
+            if ratios is not None:
+                out.append(Cell(name, ratios[key]))
+        return out
+
+    return cells
+
+
+def _convergence(data: dict[str, Any]) -> list[Cell]:
+    """Regime (e): seconds after the shift until the new hot adapter is on its k replicas (inf: never)."""
+    out = []
+    for name, runs in large_catalog.regime_e(data).items():
+        run = runs.get(large_catalog.PLACEMENT)
+        if run is not None:
+            reached = run.get("convergence_s")
+            label = f"{name}, {run['hot_after']} to k {run.get('hot_after_k')}"
+            out.append(Cell(label, math.inf if reached is None else float(reached)))
+    return out
+
+
 TARGETS: tuple[Target, ...] = (
     Target("grouping router", "regime (a): affinity's goodput over round-robin's", ">= 1.5x", 1.5, "higher", "x",
            _vs_rr("goodput_rps", "a", invert=False)),
@@ -209,4 +236,12 @@ TARGETS: tuple[Target, ...] = (
            "= 0", 0.0, "lower", " requests", _chaos_vanished),
     Target("15", "sizing: tuned --max-loras' goodput as a fraction of the best of a max-loras sweep", ">= 0.9",
            0.9, "higher", "", _sizing_tuned),
+    Target("11", "regime (e): lorapool placement's goodput over all-replica affinity's", ">= 2x", 2.0, "higher",
+           "x", _placement_vs_affinity("goodput")),
+    Target("11", "regime (e): all-replica affinity's disk loads per 1k requests over placement's", ">= 2x", 2.0,
+           "higher", "x", _placement_vs_affinity("fewer_disk_loads")),
+    Target("11", "regime (e): placement's p99 TTFT over all-replica affinity's", "<= 1x", 1.0, "lower", "x",
+           _placement_vs_affinity("p99")),
+    Target("11", "regime (e): simulated seconds from the popularity shift until the new hot adapter is on its new k"
+           " replicas", "<= 30 s", 30.0, "lower", " s", _convergence),
 )  # fmt: skip
