@@ -7,10 +7,14 @@ of 1,000 inline adapters on 8 replicas while 8 real ``Reporter``s (the sidecar's
 pacing) report simulated engines walking every adapter Pending -> ... -> Loaded in ~30 s (as in
 ``test_report_writes``); then 15 s idle. Measured: the operator's own reconcile counter.
 
-Measured on 2026-12-03 (2 cores, load average ~12 from other work): before, 137 report writes ->
+Then 10 s in which every replica's report changes only its engine observations (what the sizing
+loop reads; in a cluster once per window per replica): no reconcile.
+
+Measured on 2026-12-03 (2 cores, load average 5-12 from other work): before, 137 report writes ->
 36 reconciles in 38 s (57/min, back to back: each pod event, then the echo of each status write,
-started the next); pod events coalesced per 2 s window and status-only echoes ignored: 153 writes
--> 17 reconciles in 46 s (22/min); 0 while idle.
+started the next); after (pod events coalesced per 2 s window and only when what the reconcile
+reads changed, status-only echoes ignored): 136 writes -> 18 reconciles in 37 s (29/min; 22/min in
+another run), 0 while idle, 40 observation-only writes -> 0 reconciles.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from tests.controller.conftest import OperatorProcess
 from tests.controller.test_operator import adapter_dir, apply, get, pool_doc
 
 from lorapool.api.adapterset import AdapterSet
-from lorapool.api.report import ANNOTATION, SYNCED_CONDITION, encode
+from lorapool.api.report import ANNOTATION, SYNCED_CONDITION, Observations, encode
 from lorapool.cluster import LocalCluster
 from lorapool.render import names
 from lorapool.sidecar.core import AdapterState, Phase, identity_of, replica_report, synced_condition
@@ -38,7 +42,7 @@ from lorapool.testing.wait import wait_until
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(400)]
 
 POOL, REPLICAS, ADAPTERS = "storm", 8, 1000
-LOADING_S, IDLE_S, TICK_S = 30.0, 15.0, 0.1
+LOADING_S, IDLE_S, OBSERVING_S, TICK_S = 30.0, 15.0, 10.0, 0.1
 REPORT_INTERVAL_S = 2.0  # the sidecar's default --report-interval-seconds
 POD_WINDOW_S = 2.0  # controller.app.POD_EVENT_WINDOW_S
 STEPS = (Phase.PENDING, Phase.DOWNLOADING, Phase.VERIFYING, Phase.LOADING, Phase.LOADED)
@@ -52,6 +56,7 @@ class SimulatedEngine:
         self.desired = {a.name: a for a in adapters.adapters}
         self.state = {n: AdapterState(n) for n in self.desired}
         self.per_tick = round(len(self.desired) * (len(STEPS) - 1) / (LOADING_S / TICK_S)) + 1
+        self.observations: Observations | None = None
 
     def done(self) -> bool:
         return all(st.phase == Phase.LOADED for st in self.state.values())
@@ -67,9 +72,19 @@ class SimulatedEngine:
 
     def patch(self) -> dict[str, Any]:
         synced = synced_condition(self.done(), set(self.desired), self.state)
-        report = replica_report(self.desired, self.state, {}, engine_healthy=True)
+        report = replace(
+            replica_report(self.desired, self.state, {}, engine_healthy=True), observations=self.observations
+        )
         condition = {"type": SYNCED_CONDITION, "status": str(synced.status), "reason": synced.reason}
         return {"metadata": {"annotations": {ANNOTATION: encode(report)}}, "status": {"conditions": [condition]}}
+
+
+def observations(end: float) -> Observations:
+    return Observations(
+        window_s=60.0, end=end, samples=12, max_loras=8, distinct_p50=2.0, distinct_p95=3.0, distinct_max=3,
+        slot_wait_s=0.0, kv_wait_s=0.0, kv_usage_p50=0.2, kv_usage_p95=0.3, kv_usage_max=0.4, running_p95=4.0,
+        waiting_p95=0.0, preemptions=0,
+    )  # fmt: skip
 
 
 def test_report_writes_coalesce_into_few_reconciles(
@@ -132,6 +147,16 @@ def test_report_writes_coalesce_into_few_reconciles(
         marks["loaded_busy"] = await asyncio.to_thread(busy_s)
         await asyncio.sleep(IDLE_S)
         marks["idle_n"] = await asyncio.to_thread(reconciles)
+        # Observations only (what the sizing loop reads, once per window on every replica): no reconcile.
+        marks["obs_writes"] = sum(r.writes for r in reporters)
+        until = time.monotonic() + OBSERVING_S
+        while time.monotonic() < until:
+            for e in engines:
+                e.observations = observations(time.time())
+            await asyncio.sleep(REPORT_INTERVAL_S)
+        await asyncio.sleep(REPORT_INTERVAL_S + POD_WINDOW_S + 1.0)
+        marks["obs_writes"] = sum(r.writes for r in reporters) - marks["obs_writes"]
+        marks["obs_n"] = await asyncio.to_thread(reconciles)
         stop.set()
         await asyncio.gather(*tasks)
 
@@ -139,13 +164,14 @@ def test_report_writes_coalesce_into_few_reconciles(
     minutes = (marks["loaded"] - marks["start"]) / 60
     during = marks["loaded_n"] - marks["start_n"]
     idle = marks["idle_n"] - marks["loaded_n"]
-    writes = sum(r.writes for r in reporters)
+    observing = marks["obs_n"] - marks["idle_n"]
+    writes = sum(r.writes for r in reporters) - marks["obs_writes"]
     per_min = during / minutes
     busy = (marks["loaded_busy"] - marks["start_busy"]) / (minutes * 60)
     print(
         f"\n{ADAPTERS} adapters x {REPLICAS} replicas: {writes} report writes ({writes / minutes:.0f}/min) -> "
         f"{during:.0f} reconciles in {minutes * 60:.0f} s = {per_min:.0f}/min, reconciling {busy:.0%} of the time; "
-        f"{idle:.0f} in {IDLE_S:.0f} s idle"
+        f"{idle:.0f} in {IDLE_S:.0f} s idle; observations only: {marks['obs_writes']:.0f} writes -> {observing:.0f} reconciles"
     )
     assert all(r.last_error is None for r in reporters), [r.last_error for r in reporters]
     pool = get(local_cluster, "lorapool", ns, POOL) or {}
@@ -155,3 +181,4 @@ def test_report_writes_coalesce_into_few_reconciles(
     # Deployment's events: far below one per write. Before coalescing: 57/min here, one after another.
     assert per_min <= 60 / POD_WINDOW_S + 6, per_min
     assert idle <= 2
+    assert marks["obs_writes"] >= REPLICAS and observing == 0

@@ -23,6 +23,7 @@ from lorapool.api.models import GROUP, VERSION
 from lorapool.controller.kube import Kube
 from lorapool.controller.leader import LeaseElector
 from lorapool.controller.reconcile import PoolReconciler, Settings
+from lorapool.controller.triggers import Mark, object_mark, pod_mark
 from lorapool.kubeconfig import api_client
 from lorapool.render.names import POOL_LABEL
 from lorapool.sources.config import ConfigCache, fetch_adapter_config
@@ -101,18 +102,6 @@ def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.scanning.disabled = True  # resources are known; no need to list CRDs (least privilege)
 
 
-def pool_mark(meta: Any) -> tuple[Any, ...]:
-    """What of a LoRAPool's (or LoRAAdapter's) metadata asks for a reconcile: its spec (generation),
-    labels, annotations, deletion; not its status, which the reconcile itself writes."""
-    meta = meta or {}
-    return (
-        meta.get("generation"),
-        meta.get("deletionTimestamp"),
-        tuple(sorted((meta.get("labels") or {}).items())),
-        tuple(sorted((meta.get("annotations") or {}).items())),
-    )
-
-
 def build_registry(reconciler: PoolReconciler) -> kopf.OperatorRegistry:
     """kopf handlers: login and settings, then watches that only trigger a reconcile of the affected pool."""
     registry = kopf.OperatorRegistry()
@@ -122,8 +111,9 @@ def build_registry(reconciler: PoolReconciler) -> kopf.OperatorRegistry:
     kopf.on.login(registry=registry)(_login)
     kopf.on.startup(registry=registry)(_configure)
 
-    seen_pools: dict[tuple[str, str], tuple[Any, ...]] = {}  # pool -> what of it last triggered a reconcile
-    seen_adapters: dict[tuple[str, str], tuple[Any, ...]] = {}  # LoRAAdapter -> the same
+    seen_pools: dict[tuple[str, str], Mark] = {}  # pool -> what of it last triggered a reconcile
+    seen_adapters: dict[tuple[str, str], Mark] = {}  # LoRAAdapter -> the same
+    seen_pods: dict[tuple[str, str], Mark] = {}  # engine Pod -> the same (triggers.pod_mark)
 
     @kopf.on.event(GROUP, VERSION, "lorapools", registry=registry)
     async def pool_event(type: str | None, namespace: str, name: str, meta: Any, **_: Any) -> None:
@@ -134,7 +124,7 @@ def build_registry(reconciler: PoolReconciler) -> kopf.OperatorRegistry:
         # A change of status alone is the echo of our own write: reconciling again would only
         # write again (a storm while engines load and loadedReplicas moves). The drift resync
         # still reconciles every pool periodically.
-        mark = pool_mark(meta)
+        mark = object_mark(meta)
         if seen_pools.get((namespace, name)) == mark:
             return
         seen_pools[(namespace, name)] = mark
@@ -144,7 +134,7 @@ def build_registry(reconciler: PoolReconciler) -> kopf.OperatorRegistry:
     async def adapter_event(type: str | None, namespace: str, name: str, spec: Any, meta: Any, **_: Any) -> None:
         pool = (spec or {}).get("poolRef", {}).get("name")
         if type != "DELETED":  # a status-only change is the echo of our own write (see pool_event)
-            mark = pool_mark(meta)
+            mark = object_mark(meta)
             if seen_adapters.get((namespace, name)) == mark:
                 return
             seen_adapters[(namespace, name)] = mark
@@ -167,7 +157,16 @@ def build_registry(reconciler: PoolReconciler) -> kopf.OperatorRegistry:
     @kopf.on.event(
         "", "v1", "pods", labels={POOL_LABEL: kopf.PRESENT, "app.kubernetes.io/component": "engine"}, registry=registry
     )
-    async def pod_event(namespace: str, labels: Any, **_: Any) -> None:
+    async def pod_event(type: str | None, namespace: str, name: str, labels: Any, body: Any, **_: Any) -> None:
+        # Only what the reconcile reads (triggers.pod_mark): not every report write, not observations.
+        key = (namespace, name)
+        if type == "DELETED":
+            seen_pods.pop(key, None)
+        else:
+            mark = pod_mark(body)
+            if seen_pods.get(key) == mark:
+                return
+            seen_pods[key] = mark
         pods.request(namespace, labels[POOL_LABEL])
 
     return registry
