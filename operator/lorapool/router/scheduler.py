@@ -230,9 +230,11 @@ class Scheduler:
             views = self._views(exclude)
             if reason == HoldReason.LOAD and not serves_model(req, healthy(req, views)):
                 self.telemetry.held(req.model, reason, self.clock() - now)
-                verdict = self.standing(req.model, healthy(req, views))
+                verdict = self.standing(req.model, self._views())
                 if verdict.standing in (Standing.FAILED, Standing.UNKNOWN):
                     raise UnknownModel(req.model, verdict.reason)
+                if verdict.standing == Standing.LOADED:
+                    raise NoBackend(f"adapter {req.model!r} is loaded only on replicas that are down or were tried")
                 why = verdict.reason or f"adapter {req.model!r} is not loaded on any replica yet"
                 raise StillLoading(f"{why}; waited {self.settings.max_wait_s:g} s (--max-wait)")
             lease = self._bind_best_effort(req, views, loaded_late=reason == HoldReason.LOAD)
