@@ -176,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.large_catalog:
         from bench import large_catalog
 
-        write_report(large_catalog.run(out, adapter_root, stamp), out, report)
+        chosen = [n for n in args.systems.split(",") if n]
+        write_report(large_catalog.run(out, adapter_root, stamp, chosen), out, report)
         return 0
     if args.real_engine:
         from bench import real_engine
