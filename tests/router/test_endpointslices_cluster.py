@@ -58,7 +58,13 @@ def endpoint_slice(name: str, address: str, *, ready: bool, service: str = SERVI
         "kind": "EndpointSlice",
         "metadata": {"name": name, "labels": {"kubernetes.io/service-name": service}},
         "addressType": "IPv4",
-        "endpoints": [{"addresses": [address], "conditions": {"ready": ready}}],
+        "endpoints": [
+            {
+                "addresses": [address],
+                "conditions": {"ready": ready},
+                "targetRef": {"kind": "Pod", "name": f"pod-{name}"},
+            }
+        ],
         "ports": [{"name": "http", "port": 8000, "protocol": "TCP"}],
     }
 
@@ -92,6 +98,8 @@ async def _follow(local_cluster: LocalCluster, namespace: str, api: Any) -> list
         assert await next_urls() == ["http://192.0.2.10:8000"]
         discovery.create_namespaced_endpoint_slice(namespace, endpoint_slice("b", "192.0.2.11", ready=True))
         assert await next_urls() == ["http://192.0.2.10:8000", "http://192.0.2.11:8000"]
+        # each URL names its Pod (targetRef): how the router finds that pod's sidecar report
+        assert watch.targets == {"http://192.0.2.10:8000": "pod-a", "http://192.0.2.11:8000": "pod-b"}
         discovery.replace_namespaced_endpoint_slice("a", namespace, endpoint_slice("a", "192.0.2.10", ready=False))
         assert await next_urls() == ["http://192.0.2.11:8000"]
         discovery.delete_namespaced_endpoint_slice("b", namespace)
