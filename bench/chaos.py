@@ -12,9 +12,11 @@ same schedule.
 
 From the per-request records (kept in ``chaos_requests.json``) pure functions compute the
 accounting (every request sent is answered, errored by kind, or vanished), the goodput
-timeline, its dip and the recovery time; ``section`` renders them for RESULTS.md. The shell
-(``run``) drives the processes. All times in the records and results are simulated seconds
-since the first arrival.
+timeline, its dip and the recovery time, and which replica answered (the router's
+``X-Lorapool-Backend``); the router's /metrics, read through the run, say when it took the
+victim out of rotation and back. ``section`` renders them for RESULTS.md; the shell (``run``)
+drives the processes. All times in the records and results are simulated seconds since the
+first arrival.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from bench.loadgen import Outcome, run_open_loop, schedule
+from bench.loadgen import Outcome, RunResult, run_open_loop, schedule
 from bench.scenarios import LORAPOOL_AFFINITY, LORAPOOL_ROUND_ROBIN, SCENARIOS, SYSTEMS, Scenario
 from bench.systems import System, start_replica, write_adapters
 from lorapool.testing.components import Component
@@ -301,7 +303,7 @@ def _counters(page: str) -> dict[str, float]:
 
 async def _drive(
     url: str, victim: Component, restart: Callable[[], Component], scale: float
-) -> tuple[list[Outcome], int, dict[str, float | None], list[dict[str, Any]], dict[str, float]]:
+) -> tuple[RunResult, int, dict[str, float | None], list[dict[str, Any]], dict[str, float]]:
     from lorapool.testing.scrape import scrape
 
     plan = [dataclasses.replace(p, at_s=p.at_s * scale) for p in schedule(SCENARIO.workload)]
@@ -328,7 +330,7 @@ async def _drive(
             try:
                 page = await asyncio.to_thread(scrape, url, 5.0)
                 up, inflight = _victim_sample(page, victim.url)
-                watched.append({"t_s": round(now(), 3), "up": up, "inflight": inflight})
+                watched.append({"t_s": round(now(), 3), "up": up, "inflight": inflight, "load_1m": _load()})
             except OSError:
                 pass
             await asyncio.sleep(WATCH_EVERY_S * scale)
@@ -339,7 +341,7 @@ async def _drive(
     await asyncio.gather(watcher, return_exceptions=True)
     await killer
     counters = _counters(await asyncio.to_thread(scrape, url, 10.0))
-    return result.outcomes, len(plan), events, watched, counters
+    return result, len(plan), events, watched, counters
 
 
 def _load() -> float:
@@ -362,8 +364,8 @@ def run_system(system: System, adapter_root: Path) -> tuple[dict[str, Any], list
         backends = [r.url for r in replicas]
         tagged = dataclasses.replace(system, args=(*system.args, "--backend-header"))  # who answered each request
         url = stack.enter_context(tagged.start(backends, max_cpu_loras=spec.max_cpu_loras, time_scale=scale))
-        outcomes, planned, events, watched, counters = asyncio.run(_drive(url, victim, restart, scale))
-    records = [record(o, scale) for o in outcomes]
+        result, planned, events, watched, counters = asyncio.run(_drive(url, victim, restart, scale))
+    records = [record(o, scale) for o in result.outcomes]
     summary = {
         "system": system.name,
         "victim": victim.url,
@@ -372,6 +374,7 @@ def run_system(system: System, adapter_root: Path) -> tuple[dict[str, Any], list
         "router_counters": counters,
         "router_samples": watched,
         "loadavg_1m": {"start": load_start, "end": _load()},
+        "late_sends": result.late_starts,  # sent > 5 ms (wall) behind the schedule: the machine fell behind
         "wall_s": round(time.monotonic() - started, 1),
     }
     return summary, records
@@ -461,7 +464,16 @@ def section(data: Mapping[str, Any] | None, plots_dir: str = "results") -> list[
     p, sc = data["params"], data["scenario"]
     scale = sc["fleet"]["time_scale"]
     runs = [r for r in data["runs"] if "error" not in r]
-    loads = "; ".join(f"{r['system']} {r['loadavg_1m']['start']:.1f} to {r['loadavg_1m']['end']:.1f}" for r in runs)
+    loads = "; ".join(
+        f"{r['system']} {r['loadavg_1m']['start']:.1f} to {r['loadavg_1m']['end']:.1f}"
+        + (
+            f", at most {m:.1f}"
+            if (m := max((x.get("load_1m", 0.0) for x in r.get("router_samples", [])), default=0.0))
+            else ""
+        )
+        + (f" ({r['late_sends']} requests sent > 5 ms late)" if "late_sends" in r else "")
+        for r in runs
+    )
     band = f"{100 * p['band']:.0f} %"
     lines = [
         "## Chaos: a replica killed and restarted (regime a)",

@@ -142,7 +142,7 @@ def test_section_shows_the_accounting_and_nothing_without_a_cell() -> None:
     events = {"kill_s": 10.0, "restart_s": 15.0, "ready_s": 15.3}
     summary = chaos.summarize(records, 121, events, [], "b")
     run = {"system": "lorapool affinity", "events": events, "router_counters": {"retries connect": 2.0},
-           "loadavg_1m": {"start": 1.0, "end": 2.0}, **summary}  # fmt: skip
+           "loadavg_1m": {"start": 1.0, "end": 2.0}, "late_sends": 3, **summary}  # fmt: skip
     data = {
         "command": "python bench/run.py --chaos", "date": "2026-12-03 01:00 UTC", "machine": "m",
         "scenario": {"about": "a", "fleet": {"time_scale": 4.0}, "workload": {"duration_s": 30.0},
@@ -155,6 +155,7 @@ def test_section_shows_the_accounting_and_nothing_without_a_cell() -> None:
     assert "| lorapool affinity | 121 | 121 | 120 | 0 | none | 1 (no answer or error within its timeout: 1) |" in text
     assert "| lorapool round-robin | error: RuntimeError('boom') |" in text
     assert "| connect 2 |" in text and "![chaos.png](results/chaos.png)" in text
+    assert "lorapool affinity 1.0 to 2.0 (3 requests sent > 5 ms late)" in text
     target = next(t for t in TARGETS if t.what.startswith("chaos"))
     assert target.verdict({"chaos": data})[1] == "missed"
     run["accounting"] = {**run["accounting"], "vanished": 0}
