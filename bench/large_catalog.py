@@ -3,25 +3,24 @@
     python bench/run.py --large-catalog          # the four systems of regime (e), ~15 min on 2 cores
 
 Every adapter is registered on every replica at start (``--lora-modules``, as the other regimes
-do). ``lorapool placement`` then runs the product's placement code
-(``lorapool.plan.placement``: ``next_k`` and ``place``) in a loop beside the router: it starts
-every adapter at k = 1, unloads from each replica what is not its share before traffic starts,
-and every window reads per-adapter load from the router's and the engines' metrics (as the
-product would: ``lorapool_router_queue_depth{model}`` plus each engine's
-``vllm:num_requests_waiting`` shared among the adapters it has in flight), asks ``next_k`` for
-each adapter's k and ``place`` for the holders, and moves adapters with the engines' runtime
-API (load on the new holders first, then unload from the old). The router is the ordinary
-``lorapool router --policy affinity``: its serves-model filter sends a request only to replicas
-whose ``/v1/models`` lists the adapter, so registered = held. The other systems route over the
-same fleet with every adapter everywhere.
+do). ``lorapool placement``'s replicas then keep only their share (registered last, so their CPU
+cache holds it; the rest unloaded before traffic, as their sidecars would), and a loop beside
+the router runs the operator's placement step on the product's own code: each engine's
+/metrics sampled into the sidecar's ``Window`` (``sidecar.observations``), the closed windows
+encoded as the sidecars' reports, then the operator's ``observed_load`` and ``decide_placement``
+(``next_k`` and ``place`` from ``plan.placement``, the rule from ``scaling_rule``). Adapters move
+with the engines' runtime API (load on the new holders first, then unload from the old). The
+router is the ordinary ``lorapool router --policy affinity``: its serves-model filter sends a
+request only to replicas whose ``/v1/models`` lists the adapter, so registered = held. The
+other systems route over the same fleet with every adapter everywhere.
 
 The traffic is Zipf; at ``shift_at_s`` the popularity is permuted (a new hot set), and the
 result records how long the new hottest adapter took to be loaded on as many replicas as the
 placement loop gave it (its convergence time).
 
-Pure parts (the shifted schedule, the load attribution, the convergence time, the timeline)
-are functions over plain data with tests in tests/bench/test_large_catalog.py; the shell below
-them starts processes and talks HTTP.
+Pure parts (the shifted schedule, the placement step ``decide``, the convergence time, the
+timeline, the report section) are functions over plain data with tests in
+tests/router/test_bench_large_catalog.py; the shell below them starts processes and talks HTTP.
 """
 
 from __future__ import annotations

@@ -13,7 +13,9 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # the repo root holds bench/
 
 from bench.large_catalog import (  # noqa: E402
+    AFFINITY,
     PLACED_BEFORE_S,
+    PLACEMENT,
     Move,
     bench_pool,
     convergence_s,
@@ -23,9 +25,11 @@ from bench.large_catalog import (  # noqa: E402
     hottest,
     in_simulated_time,
     popularity_shift,
+    section,
     shifted_schedule,
 )
 from bench.loadgen import Outcome, Workload, schedule  # noqa: E402
+from bench.targets import TARGETS  # noqa: E402
 
 from lorapool.api.report import AdapterLoad, Observations  # noqa: E402
 from lorapool.plan.placement import KState  # noqa: E402
@@ -128,3 +132,53 @@ def test_observations_move_to_simulated_seconds() -> None:
     obs = in_simulated_time(_obs(8.0, {}), scale=4.0)
     assert obs.ttft_p99_s == 2.0 and in_simulated_time(_obs(None, {}), 4.0).ttft_p99_s is None
     assert not math.isnan(obs.window_s)
+
+
+def _cell(system: str, goodput: float, disk: float, p99: float, **extra: object) -> dict[str, object]:
+    return {
+        "scenario": "e-x", "system": system, "goodput_rps": goodput, "goodput_after_shift_rps": goodput,
+        "disk_loads_per_1k": disk, "stalls_per_1k": disk, "ttft_p50_s": 0.1, "ttft_p99_s": p99, "failed": 0,
+        "hot_after": "lora-0001", **extra,
+    }  # fmt: skip
+
+
+def _e(*runs: dict[str, object]) -> dict[str, object]:
+    scenario = {
+        "name": "e-x", "regime": "e", "about": "x", "slo_ttft_s": 0.5, "warmup_s": 5.0, "shift_at_s": 10.0,
+        "placement_window_s": 2.0, "fleet": {"replicas": 16, "max_loras": 4, "max_cpu_loras": 96, "time_scale": 8.0},
+        "workload": {"duration_s": 24.0}, "scaling_rule": {}, "note": "why it missed",
+    }  # fmt: skip
+    return {"date": "d", "scenarios": [scenario, {"name": "a-x", "regime": "a"}], "runs": list(runs)}
+
+
+PLACED = dict(placement_loads=10, placement_unloads=2, hot_after_k=2)
+
+
+@pytest.mark.parametrize(
+    ("target", "runs", "verdict"),
+    [
+        ("regime (e): lorapool placement's goodput", [_cell(PLACEMENT, 100, 5, 1), _cell(AFFINITY, 50, 50, 1)], "met"),
+        ("regime (e): lorapool placement's goodput", [_cell(PLACEMENT, 90, 5, 1), _cell(AFFINITY, 50, 50, 1)], "missed"),
+        ("regime (e): lorapool placement's goodput", [_cell(PLACEMENT, 90, 5, 1)], "not measured"),
+        ("regime (e): all-replica affinity's disk", [_cell(PLACEMENT, 1, 0, 1), _cell(AFFINITY, 1, 50, 1)], "met"),
+        ("regime (e): all-replica affinity's disk", [_cell(PLACEMENT, 1, 30, 1), _cell(AFFINITY, 1, 50, 1)], "missed"),
+        ("regime (e): placement's p99", [_cell(PLACEMENT, 1, 1, 1.0), _cell(AFFINITY, 1, 1, 1.0)], "met"),
+        ("regime (e): placement's p99", [_cell(PLACEMENT, 1, 1, 1.1), _cell(AFFINITY, 1, 1, 1.0)], "missed"),
+        ("regime (e): simulated seconds", [_cell(PLACEMENT, 1, 1, 1, convergence_s=29.0, **PLACED)], "met"),
+        ("regime (e): simulated seconds", [_cell(PLACEMENT, 1, 1, 1, convergence_s=None, **PLACED)], "missed"),
+    ],
+    ids=["2x goodput", "1.8x goodput", "no affinity cell", "no disk loads", "1.7x fewer", "p99 equal",
+         "p99 10 % worse", "29 s", "never reached"],
+)  # fmt: skip
+def test_regime_e_verdicts_come_from_the_cells(target: str, runs: list[dict[str, object]], verdict: str) -> None:
+    chosen = next(t for t in TARGETS if t.what.startswith(target))
+    assert chosen.verdict(_e(*runs))[1] == verdict
+
+
+def test_section_shows_each_system_the_ratios_and_the_note() -> None:
+    data = _e(_cell(PLACEMENT, 100, 5, 2, convergence_s=4.5, **PLACED), _cell(AFFINITY, 50, 50, 1))
+    text = "\n".join(section(data))
+    assert "| lorapool placement | 100.0 | 100.0 |" in text and "lora-0001: k 2, after 4.5 s | 10 / 2 |" in text
+    assert "goodput 2.00x (target >= 2x), disk loads per 1k requests 10.00x fewer" in text
+    assert "p99 TTFT 2.00x (target <= 1x)" in text and "why it missed" in text
+    assert section({"scenarios": [{"name": "a-x", "regime": "a"}], "runs": [_cell(AFFINITY, 1, 1, 1)]}) == []
