@@ -84,6 +84,7 @@ def _targets(data: dict[str, Any]) -> list[str]:
         "| issue | target | bound | measured | verdict |",
         "|---|---|---|---|---|",
     ]
+    causes: list[str] = []
     for t in TARGETS:
         cells, verdict = t.verdict(data)
         shown = []
@@ -93,6 +94,10 @@ def _targets(data: dict[str, Any]) -> list[str]:
             digits = 0 if t.unit in (" req/s", " requests") else 2
             shown.append(f"{_f(c.value, digits)}{t.unit} {c.label}{limit}{mark}")
         lines.append(f"| {t.issue} | {t.what} | {t.bound} | {'; '.join(shown) or '-'} | {verdict} |")
+        if verdict == "missed" and t.why is not None and (cause := t.why(data)):
+            causes.append(f"- **{t.what}** (issue {t.issue}): {cause}.")
+    if causes:
+        lines += ["", "Why the misses, from the same results:", "", *causes]
     return [*lines, ""]
 
 

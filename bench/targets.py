@@ -41,6 +41,7 @@ class Target:
     better: Literal["higher", "lower"]
     unit: str
     cells: Callable[[dict[str, Any]], list[Cell]]
+    why: Callable[[dict[str, Any]], str] | None = None  # the measured cause, from the same results, when missed
 
     def passes(self, cell: Cell) -> bool:
         limit = self.limit if cell.limit is None else cell.limit
@@ -214,24 +215,110 @@ def _convergence(data: dict[str, Any]) -> list[Cell]:
     return out
 
 
+def _loads(run: dict[str, Any]) -> str:
+    return f"{run['disk_loads_per_1k']:.0f}"
+
+
+def _p99(run: dict[str, Any]) -> str:
+    value = run["ttft_p99_s"]
+    return f"{value:.2f} s" if math.isfinite(value) else "none: requests left unfinished"
+
+
+def _why_best_other(data: dict[str, Any]) -> str:
+    """Where affinity loses goodput to a baseline: the baseline's fewer disk loads, paid for in p99 TTFT."""
+    out = []
+    for cell in _vs_best_other("goodput_rps")(data):
+        name, best = cell.label.split(" vs ")[0], cell.label.split(" vs ")[1].split(" [")[0]
+        runs = runs_by_scenario(data)[name]
+        if cell.value < 0.95:
+            aff, other = runs[AFFINITY], runs[best]
+            out.append(
+                f"{name}: {best} loads from disk for {_loads(other)} of 1,000 requests, affinity for {_loads(aff)},"
+                f" and pays for it in p99 TTFT ({_p99(other)} vs affinity's {_p99(aff)})"
+            )
+    return "; ".join(out)
+
+
+def _why_regime_c(data: dict[str, Any]) -> str:
+    """Regime (c): every system loads nearly every request; holding for a slot only adds wait."""
+    regimes = {s["name"]: s["regime"] for s in data.get("scenarios", [])}
+    out = []
+    for name, runs in runs_by_scenario(data).items():
+        if regimes.get(name) != "c" or AFFINITY not in runs:
+            continue
+        loads = [r["disk_loads_per_1k"] for k, r in runs.items() if k != ORACLE]
+        text = (
+            f"{name}: every system loads from disk for {min(loads):.0f}-{max(loads):.0f} of 1,000 requests (the"
+            " oracle 0): no adapter is resident anywhere, so affinity's holding a request for a slot adds wait and"
+            " saves no load"
+        )
+        other = runs.get(f"{AFFINITY} (hold-if-active)")
+        if other is not None:
+            aff = runs[AFFINITY]
+            text += (
+                f"; the rule that skips the hold for adapters active nowhere (hold-if-active) was measured too:"
+                f" goodput {other['goodput_rps']:.1f} vs {aff['goodput_rps']:.1f} req/s, p99 TTFT"
+                f" {other['ttft_p99_s']:.2f} vs {aff['ttft_p99_s']:.2f} s (a request pushed onto a full replica"
+                " waits for that replica's slots only), so it is not the default"
+            )
+        out.append(text)
+    return "; ".join(out)
+
+
+def _why_first_chunk(data: dict[str, Any]) -> str:
+    """The relay's p99 is a few requests of each repeat; its p50 is the proxy's own cost."""
+    relay = (data.get("overhead") or {}).get("relay") or {}
+    if "added_p99_ms_runs" not in relay or AFFINITY not in relay:
+        return ""
+    per_repeat = relay[AFFINITY]["n"] / max(1, len(relay["added_p99_ms_runs"]))
+    runs = ", ".join(f"{v:.1f}" for v in relay["added_p99_ms_runs"])
+    nginx = relay.get(NGINX, {}).get("added_p50_ms")
+    text = (
+        f"each repeat streams {per_repeat:.0f} requests, so its p99 is its 2-3 slowest (added p99 per repeat:"
+        f" {runs} ms); the steady cost is the added p50, {relay['added_p50_ms']:.1f} ms"
+    )
+    if nginx is not None:
+        text += f" (nginx: {nginx:.1f} ms)"
+    return text + (
+        ": aiohttp's HTTP server and client and the two loopback sends are over 90 % of the router's CPU per"
+        " request, lorapool's own code under 10 % (profile in bench/NOTES.md)"
+    )
+
+
+def _why_oracle(data: dict[str, Any]) -> str:
+    """Below the oracle: the disk loads affinity still pays, which the oracle never does."""
+    out = []
+    for cell in _oracle_fraction("goodput_rps")(data):
+        name = cell.label.split(" [")[0]
+        runs = runs_by_scenario(data)[name]
+        if cell.value < 0.93:
+            aff = runs[AFFINITY]
+            out.append(
+                f"{name} {cell.value:.2f}: affinity waits on {aff['stalls_per_1k']:.0f} adapter loads per 1,000"
+                f" requests ({_loads(aff)} of them from disk)"
+            )
+    return ("; ".join(out) + "; the oracle never loads (every adapter always resident)") if out else ""
+
+
 TARGETS: tuple[Target, ...] = (
     Target("grouping router", "regime (a): affinity's goodput over round-robin's", ">= 1.5x", 1.5, "higher", "x",
            _vs_rr("goodput_rps", "a", invert=False)),
     Target("grouping router", "regime (a): round-robin's p99 TTFT over affinity's", ">= 2x", 2.0, "higher", "x",
            _vs_rr("ttft_p99_s", "a", invert=True)),
     Target("grouping router", "every scenario: affinity's goodput over the best baseline's", ">= 0.95x", 0.95,
-           "higher", "x", _vs_best_other("goodput_rps")),
+           "higher", "x", _vs_best_other("goodput_rps"), _why_best_other),
     Target("grouping router", "every scenario: affinity's p99 TTFT over the best baseline's", "<= 1.05x", 1.05,
            "lower", "x", _vs_best_other("ttft_p99_s")),
     Target("12", "regime (c): affinity's p99 TTFT over the best round-robin's", "<= 1.05x", 1.05, "lower", "x",
-           _regime_c_p99),
+           _regime_c_p99, _why_regime_c),
     Target("12", "router overhead: added p99 latency at 500 req/s", "<= 1 ms or <= nginx's + 0.5 ms", 1.0,
            "lower", " ms", _added_p99),
-    Target("12", "added p99 to the first streamed chunk", "<= 1 ms", 1.0, "lower", " ms", _first_chunk),
+    Target("12", "added p99 to the first streamed chunk", "<= 1 ms", 1.0, "lower", " ms", _first_chunk,
+           _why_first_chunk),
     Target("12", "capacity: highest rate with added p99 <= 5 ms (ours: at least the overhead target's 500 req/s)",
            ">= 500 req/s", 500.0, "higher", " req/s", _capacity),
     Target("12", "affinity's goodput as a fraction of the oracle's (the literature's best: within 7 %)", ">= 0.93",
-           0.93, "higher", "", _oracle_fraction("goodput_rps")),
+           0.93, "higher", "", _oracle_fraction("goodput_rps"), _why_oracle),
     Target("13", "chaos, regime (a), a replica killed and restarted: requests with neither an answer nor an error",
            "= 0", 0.0, "lower", " requests", _chaos_vanished),
     Target("15", "sizing: tuned --max-loras' goodput as a fraction of the best of a max-loras sweep", ">= 0.9",

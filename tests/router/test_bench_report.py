@@ -74,3 +74,26 @@ def test_merge_replaces_remeasured_cells_and_keeps_the_rest() -> None:
     ]  # fmt: skip
     assert [s["date"] for s in merged["sessions"]] == ["d1", "d2"]
     assert [s["name"] for s in merged["scenarios"]] == ["a-x", "c-y"]
+
+
+def _loaded(system: str, goodput: float, stalls: float, disk: float) -> dict[str, Any]:
+    return {**_run(system, goodput, 1.0), "stalls_per_1k": stalls, "disk_loads_per_1k": disk}
+
+
+def test_a_missed_target_says_its_measured_cause_from_the_same_results() -> None:
+    target = _target("affinity's goodput as a fraction")
+    missed = _data(_loaded(LORAPOOL_AFFINITY, 7.2, 572, 404), _loaded(ORACLE, 10, 0, 0))
+    met = _data(_loaded(LORAPOOL_AFFINITY, 9.5, 12, 0), _loaded(ORACLE, 10, 0, 0))
+    assert target.verdict(missed)[1] == "missed" and target.why is not None
+    assert "a-x 0.72: affinity waits on 572 adapter loads per 1,000 requests (404 of them from disk)" in target.why(
+        missed
+    )
+    assert target.verdict(met)[1] == "met" and target.why(met) == ""
+
+
+def test_results_md_gives_a_cause_for_each_missed_target_that_has_one() -> None:
+    data = json.loads((REPO / "bench" / "results" / "results.json").read_text())
+    text = render(data)
+    for t in TARGETS:
+        if t.why is not None and t.verdict(data)[1] == "missed" and t.why(data):
+            assert f"- **{t.what}** (issue {t.issue}): " in text
