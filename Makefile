@@ -13,8 +13,8 @@ run: install
 	lorapool dev
 
 lint:
-	ruff check .
-	ruff format --check .
+	ruff check --no-cache .
+	ruff format --no-cache --check .
 	lint-imports
 	mypy
 

@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+
 from bench.sizing import (
     CATALOG,
     WORKLOADS,
@@ -22,7 +23,6 @@ from bench.sizing import (
     tuned_share,
     worse,
 )
-
 from lorapool.api.report import Observations
 from lorapool.plan.sizing import SlotBounds
 

@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.conformance.conftest import BASE, MAX_LORA_RANK, MAX_LORAS, MAX_MODEL_LEN, Engine, Response
 
 from lorapool.sim.metrics import LATENCY_BUCKETS, TTFT_BUCKETS
 from lorapool.testing.scrape import latest_labels, samples
 from lorapool.testing.wait import wait_until
+from tests.conformance.conftest import BASE, MAX_LORA_RANK, MAX_LORAS, MAX_MODEL_LEN, Engine, Response
 
 SIM_README = Path(__file__).resolve().parents[2] / "operator" / "lorapool" / "sim" / "README.md"
 LOAD, UNLOAD = "/v1/load_lora_adapter", "/v1/unload_lora_adapter"

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.controller.conftest import OperatorProcess
-from tests.corpus.corpus import CASES, Case, regex_in
 
 from lorapool.cluster import LocalCluster
 from lorapool.testing.wait import wait_until
+from tests.controller.conftest import OperatorProcess
+from tests.corpus.corpus import CASES, Case, regex_in
 
 pytestmark = pytest.mark.cluster
 

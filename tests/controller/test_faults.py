@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.controller.conftest import OperatorProcess
-from tests.controller.test_operator import adapter_dir, apply, condition, get, pool_doc, ready
 
 from lorapool.cluster import LocalCluster
 from lorapool.render.names import POOL_LABEL
 from lorapool.testing.wait import wait_until
+from tests.controller.conftest import OperatorProcess
+from tests.controller.test_operator import adapter_dir, apply, condition, get, pool_doc, ready
 
 pytestmark = pytest.mark.cluster
 

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.controller.conftest import OperatorProcess
 
 from lorapool.cluster import LocalCluster
 from lorapool.testing.peft import write_peft_adapter
 from lorapool.testing.processes import free_port, start_process
 from lorapool.testing.wait import wait_until
+from tests.controller.conftest import OperatorProcess
 
 pytestmark = pytest.mark.cluster
 

@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.controller.conftest import OperatorProcess
-from tests.controller.test_operator import BASE, adapter_dir, apply, get, pool_doc, ready
 
 from lorapool.cluster import LocalCluster
 from lorapool.plan.placement import moves
 from lorapool.render import names
 from lorapool.testing.fakekubelet import LocalEngines
 from lorapool.testing.wait import wait_until
+from tests.controller.conftest import OperatorProcess
+from tests.controller.test_operator import BASE, adapter_dir, apply, get, pool_doc, ready
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(420)]
 

@@ -28,8 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.controller.conftest import OperatorProcess
-from tests.controller.test_operator import adapter_dir, apply, get, pool_doc
 
 from lorapool.api.adapterset import AdapterSet
 from lorapool.api.report import ANNOTATION, SYNCED_CONDITION, Observations, encode
@@ -38,6 +36,8 @@ from lorapool.render import names
 from lorapool.sidecar.core import AdapterState, Phase, identity_of, replica_report, synced_condition
 from lorapool.sidecar.reporter import PodRef, Reporter, api_server
 from lorapool.testing.wait import wait_until
+from tests.controller.conftest import OperatorProcess
+from tests.controller.test_operator import adapter_dir, apply, get, pool_doc
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(400)]
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tests.controller.conftest import OperatorProcess
-from tests.controller.test_operator import adapter_dir, apply, get, node_of, pool_doc, ready
 
 from lorapool.cluster import LocalCluster
 from lorapool.testing.wait import wait_until
+from tests.controller.conftest import OperatorProcess
+from tests.controller.test_operator import adapter_dir, apply, get, node_of, pool_doc, ready
 
 pytestmark = pytest.mark.cluster
 

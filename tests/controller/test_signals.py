@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.controller.test_placement import obs, pool, reported
-from tests.delivery.test_dashboard import exported
 
 from lorapool.api.models import API_VERSION
 from lorapool.api.report import AdapterLoad as ReplicaLoad
 from lorapool.controller import signals
 from lorapool.controller.placement import decide_placement, pool_signals
 from lorapool.testing.components import start_router, start_sim
+from tests.controller.test_placement import obs, pool, reported
+from tests.delivery.test_dashboard import exported
 
 REPO = Path(__file__).parents[2]
 EXAMPLES = REPO / "examples" / "autoscaling"

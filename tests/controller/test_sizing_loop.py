@@ -10,13 +10,13 @@ import time
 from typing import Any
 
 import pytest
-from tests.controller.conftest import OperatorProcess
-from tests.controller.test_operator import adapter_dir, apply, get, pool_doc, ready
 
 from lorapool.api.report import ANNOTATION, Observations, ReplicaReport, encode
 from lorapool.cluster import LocalCluster
 from lorapool.controller.sizing import unix
 from lorapool.testing.wait import wait_until
+from tests.controller.conftest import OperatorProcess
+from tests.controller.test_operator import adapter_dir, apply, get, pool_doc, ready
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 

@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.controller.conftest import OperatorProcess
-from tests.controller.test_operator import BASE, adapter_dir, apply, condition, get, pool_doc, ready
 
 from lorapool.api.report import ANNOTATION, SYNCED_CONDITION, decode
 from lorapool.cluster import LocalCluster
 from lorapool.testing.fakekubelet import LocalEngines
 from lorapool.testing.wait import wait_until
+from tests.controller.conftest import OperatorProcess
+from tests.controller.test_operator import BASE, adapter_dir, apply, condition, get, pool_doc, ready
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 

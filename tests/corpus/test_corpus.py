@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from tests.corpus.corpus import CASES, Case, regex_in, set_path
 
 

@@ -11,7 +11,6 @@ from typing import Any
 import lupa.lua51 as lupa
 import pytest
 import yaml
-from tests.delivery.helm import REPO
 
 from lorapool.api.models import LoRAPoolSpec
 from lorapool.api.status import AdapterPhase, LoRAPoolStatus
@@ -25,6 +24,7 @@ from lorapool.controller.status import (
     pool_status,
 )
 from lorapool.plan.planner import plan_pool
+from tests.delivery.helm import REPO
 
 ARGOCD = REPO / "deploy" / "argocd"
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.delivery.helm import CHART, REPO, find, helm, one, template
 
 import lorapool
 from lorapool.api.models import DEFAULT_LORAPOOL_IMAGE
+from tests.delivery.helm import CHART, REPO, find, helm, one, template
 
 OPERATOR = "lorapool-operator"
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.delivery.helm import CHART, helm
 
 from lorapool.cluster import LocalCluster
+from tests.delivery.helm import CHART, helm
 
 pytestmark = pytest.mark.cluster
 

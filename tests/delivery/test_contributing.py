@@ -9,9 +9,9 @@ import shlex
 import tomllib
 
 import pytest
-from tests.delivery.helm import REPO
 
 from lorapool.cli import COMMANDS
+from tests.delivery.helm import REPO
 
 TEXT = (REPO / "CONTRIBUTING.md").read_text()
 COMMAND_LINES = [

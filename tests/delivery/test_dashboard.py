@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.delivery.helm import CHART, helm
 
 from lorapool.testing.components import start_router, start_sidecar, start_sim
+from tests.delivery.helm import CHART, helm
 
 DASHBOARD = CHART / "dashboards" / "lorapool.json"
 SERIES = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\s*\{")

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.delivery.helm import CHART, REPO
 
 from lorapool.api.models import LoRAPool
+from tests.delivery.helm import CHART, REPO
 
 DOCS = REPO / "docs"
 CMP = DOCS / "argocd-cmp-plugin.yaml"

@@ -18,9 +18,9 @@ from importlib import metadata as importlib_metadata
 from pathlib import Path
 
 import pytest
-from tests.delivery.helm import REPO
 
 import lorapool
+from tests.delivery.helm import REPO
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 

@@ -17,14 +17,14 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.controller.conftest import OperatorProcess
-from tests.delivery.helm import CHART, helm
-from tests.e2e.conftest import Target, keep
 
 from lorapool.api.models import DEFAULT_LORAPOOL_IMAGE
 from lorapool.testing.peft import write_peft_adapter
 from lorapool.testing.processes import free_port, start_process
 from lorapool.testing.wait import wait_until
+from tests.controller.conftest import OperatorProcess
+from tests.delivery.helm import CHART, helm
+from tests.e2e.conftest import Target, keep
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -7,7 +7,6 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from tests.plan.test_planner import pool, ranks
 
 from lorapool.api.report import Observations
 from lorapool.plan.planner import plan_pool
@@ -21,6 +20,7 @@ from lorapool.plan.sizing import (
     pool_evidence,
     recommend,
 )
+from tests.plan.test_planner import pool, ranks
 
 
 @pytest.mark.parametrize(

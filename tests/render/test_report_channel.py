@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.render.test_render import by_kind, render
-
 from lorapool.api.report import SYNCED_CONDITION
 from lorapool.render import names
+from tests.render.test_render import by_kind, render
 
 
 def test_only_the_sidecar_gets_a_token_and_it_may_only_patch_pod_status(example_doc: dict[str, Any]) -> None:

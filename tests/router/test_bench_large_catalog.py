@@ -30,7 +30,6 @@ from bench.large_catalog import (  # noqa: E402
 )
 from bench.loadgen import Outcome, Workload, schedule  # noqa: E402
 from bench.targets import TARGETS  # noqa: E402
-
 from lorapool.api.report import AdapterLoad, Observations  # noqa: E402
 from lorapool.plan.placement import KState  # noqa: E402
 

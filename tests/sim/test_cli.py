@@ -9,10 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from tests.sim.conftest import StartSim
 
 from lorapool.sim.cli import configure, parse_lora_module, runtime_lora_updating_allowed, settings_from_args
 from lorapool.sim.timing import TimingParams
+from tests.sim.conftest import StartSim
 
 
 def parse(*argv: str) -> argparse.Namespace:

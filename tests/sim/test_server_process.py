@@ -10,6 +10,7 @@ import openai
 import pytest
 from openai.types import CompletionUsage
 from openai.types.chat import ChatCompletionMessageParam
+
 from tests.sim.conftest import Sim, StartSim
 
 BASE = "meta-llama/Meta-Llama-3-8B-Instruct"

@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from tests.sim.conftest import Sim, StartSim
 
 from lorapool.sim.loadgen import run_load
+from tests.sim.conftest import Sim, StartSim
 
 pytestmark = pytest.mark.slow
 
