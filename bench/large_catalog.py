@@ -690,7 +690,7 @@ def section(data: Mapping[str, Any], plots_dir: str = "results") -> list[str]:
             f" runs the operator's placement step (`decide_placement`, `next_k`, `place`) every"
             f" {sc['placement_window_s']:g} s on the sidecars' observations of the engines (expand when an"
             f" adapter's TTFT p99 > {_f(rule.get('expand_ttft_p99_s'), 1)} s or waiting per holder >"
-            f" {_f(rule.get('expand_waiting'), 1)}, at most every {_f(rule.get('expand_interval_s'), 0)} s,"
+            f" {_f(rule.get('expand_waiting'), 1)}, again on each window measured after the last change,"
             f" at most doubling) and moves adapters with the engines' runtime API; the others route over"
             f" every adapter on every replica.",
             "",

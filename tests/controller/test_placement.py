@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -21,6 +22,7 @@ from lorapool.controller.placement import (
     pod_slots,
     previous_k,
     rfc3339,
+    scaling_rule,
     slot_patches,
 )
 from lorapool.controller.status import AdapterResult, pool_status
@@ -215,8 +217,39 @@ def test_observed_load_sums_waits_over_replicas_and_takes_ttft_where_the_adapter
         {"metadata": {"name": "no-report"}},
     ]
     got = observed_load(pods)
-    assert got["a"] == AdapterLoad(requests_per_s=0.0, waiting=0.75, ttft_p99_s=3.0)
-    assert got["b"] == AdapterLoad(requests_per_s=0.0, waiting=0.0, ttft_p99_s=None)  # in flight 10%: not its TTFT
+    assert got["a"] == AdapterLoad(
+        requests_per_s=0.0, waiting=0.75, ttft_p99_s=3.0, window_s=60.0, measured_until_s=1000.0, busy=1.667
+    )
+    # in flight 10%: not its TTFT
+    assert got["b"] == AdapterLoad(
+        requests_per_s=0.0, waiting=0.0, ttft_p99_s=None, window_s=60.0, measured_until_s=1000.0, busy=0.1
+    )
+
+
+def test_observed_load_is_as_fresh_as_the_oldest_window_that_saw_the_adapter() -> None:
+    old = dataclasses.replace(obs({"a": ReplicaLoad(60.0)}), end=940.0)
+    long = dataclasses.replace(obs({"a": ReplicaLoad(30.0), "b": ReplicaLoad(30.0)}), window_s=90.0, end=990.0)
+    got = observed_load([reported("p0", old), reported("p1", long), reported("p2", obs({"b": ReplicaLoad(6.0)}))])
+    assert (got["a"].window_s, got["a"].measured_until_s) == (90.0, 940.0)
+    assert (got["b"].window_s, got["b"].measured_until_s) == (90.0, 990.0)
+
+
+def test_auto_k_expands_again_on_the_next_window_measured_after_the_change_not_after_a_fixed_interval() -> None:
+    """2-s windows (the benchmark's): a hot adapter doubles on each fresh window, a stale one adds nothing."""
+    p = pool(9, replicas=8, scaleDownCooldownSeconds=300)
+
+    def hot(until: float) -> dict[str, AdapterLoad]:
+        return {"a3": AdapterLoad(0.0, waiting=0.0, ttft_p99_s=9.0, window_s=2.0, measured_until_s=until)}
+
+    first = decide_placement(p, names_of(9), 8, {}, hot(100.0), now=100.0)
+    assert first.k["a3"] == KState(2, 100.0)
+    stale = decide_placement(p, names_of(9), 8, dict(first.k), hot(100.0), now=101.0)  # the same window again
+    assert stale.k["a3"] == KState(2, 100.0)
+    second = decide_placement(p, names_of(9), 8, dict(stale.k), hot(102.0), now=102.0)
+    assert second.k["a3"] == KState(4, 102.0) and len(second.holders["a3"]) == 4  # type: ignore[index]
+    third = decide_placement(p, names_of(9), 8, dict(second.k), hot(104.0), now=104.0)
+    assert third.k["a3"] == KState(8, 104.0)
+    assert set(first.holders["a3"]) <= set(second.holders["a3"]) <= set(third.holders["a3"])  # type: ignore[index]
 
 
 # --- through decide and pool_status ----------------------------------------------------------
@@ -248,3 +281,8 @@ def test_a_small_pool_renders_exactly_as_before_placement() -> None:
     status = pool_status(decide.observe(p, {"metadata": {"generation": 1}}, d, None, None, [])).to_wire()
     assert status["placement"]["mode"] == "AllReplicas"
     assert {a["placedReplicas"] for a in status["adapters"]} == {3} and "targetReplicas" not in status["adapters"][0]
+
+
+@pytest.mark.parametrize(("replicas", "budget"), [(1, 1), (4, 4), (16, 16)])
+def test_auto_k_adds_at_most_one_new_copy_per_replica_per_step(replicas: int, budget: int) -> None:
+    assert scaling_rule(pool(9, replicas=replicas)).max_new_copies == budget

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -196,6 +197,11 @@ def load(waiting: float, ttft: float | None = None) -> AdapterLoad:
     return AdapterLoad(requests_per_s=waiting, waiting=waiting, ttft_p99_s=ttft)
 
 
+def fresh(waiting: float, window_s: float, until_s: float, ttft: float | None = None) -> AdapterLoad:
+    """A load measured over a window of ``window_s`` that closed at ``until_s``."""
+    return AdapterLoad(waiting, waiting, ttft, window_s=window_s, measured_until_s=until_s)
+
+
 @pytest.mark.parametrize(
     ("state", "seen", "now", "want"),
     [
@@ -216,6 +222,25 @@ def load(waiting: float, ttft: float | None = None) -> AdapterLoad:
         pytest.param(KState(3, 0.0), load(0.0, 1.5), 90.0, KState(3, 0.0), id="no-shrink-in-the-ttft-band"),
         pytest.param(KState(1, 0.0), IDLE, 900.0, KState(1, 0.0), id="k_min-floors"),
         pytest.param(KState(12, 0.0), load(10.0), 1.0, KState(8, 1.0), id="k-above-a-lowered-k_max-is-clipped"),
+        # With the window's timing, expansion waits for a window measured after the change, not the interval.
+        pytest.param(
+            KState(2, 8.0), fresh(40.0, 2.0, 9.0), 9.0, KState(4, 9.0), id="fresh-window-expands-before-interval"
+        ),
+        pytest.param(
+            KState(2, 8.0), fresh(40.0, 2.0, 8.9), 9.0, KState(2, 8.0), id="window-mostly-before-change-holds"
+        ),
+        pytest.param(
+            KState(2, 8.0), fresh(40.0, 60.0, 30.0), 30.0, KState(2, 8.0), id="long-window-holds-past-interval"
+        ),
+        pytest.param(
+            KState(2, 8.0), fresh(40.0, 60.0, 38.0), 38.0, KState(4, 38.0), id="long-window-half-after-expands"
+        ),
+        pytest.param(
+            KState(3, 50.0), fresh(0.0, 2.0, 52.0, ttft=9.0), 52.0, KState(6, 52.0), id="just-shrunk-expands-at-once"
+        ),
+        pytest.param(
+            KState(3, 50.0), fresh(0.0, 2.0, 52.0), 52.0, KState(3, 50.0), id="fresh-idle-still-waits-cooldown"
+        ),
     ],
 )
 def test_step_k(state: KState | None, seen: AdapterLoad, now: float, want: KState) -> None:
@@ -257,6 +282,56 @@ def test_a_burst_expands_fast_then_shrinks_one_step_per_cooldown_without_reexpan
     assert history[-1] < 8 and history[:60] == sorted(history[:60])
 
 
+def test_k_follows_load_once_per_window_and_never_past_it_on_stale_windows() -> None:
+    """A hot adapter whose queue shrinks as it spreads (80/k waiting in all, 80/k^2 per holder: over the
+    threshold of 4 up to k = 4), observed every second over 2-s windows that measure the k of their
+    start: k grows once per window measured after the change, in steps sized by the excess (1 -> 2 ->
+    4 -> 5 within three windows), then stays; a stale window never adds a step, the cooldown never delays one."""
+    rule = dataclasses.replace(RULE, expand_interval_s=30.0, cooldown_s=300.0)
+    state: dict[str, KState] = {"a": KState(1, -1000.0)}
+    measured_k, changes = 1, []
+    for t in range(0, 60):
+        if t % 2 == 0:  # a window closes every 2 s; it measured the k of its first half
+            measured_k = state["a"].k
+        seen = fresh(waiting=80.0 / measured_k, window_s=2.0, until_s=float(t - t % 2))
+        nxt = next_k(state, {"a": seen}, float(t), rule)
+        if nxt["a"].k != state["a"].k:
+            changes.append((t, nxt["a"].k))
+        state = nxt
+    assert changes == [(0, 2), (2, 4), (4, 5)]  # 80 at k 1: doubling caps; 20/4 = 5: 5/4 x 4 -> 5; 16/5 holds
+    assert state["a"].k == 5
+
+
+def test_a_step_adds_at_most_max_new_copies_highest_pressure_then_busiest_first() -> None:
+    """Four adapters want to grow at once (+1, +2, +2, +1) with a budget of 4 new copies: the most pressed
+    first; at equal pressure (one slow replica's TTFT) the one busy on more replicas; the budget's
+    remainder grows the next one part way; the rest keep their k and timestamp and may grow next step."""
+    rule = dataclasses.replace(RULE, max_new_copies=4)
+    state = {"cause": KState(2, 0.0), "victim": KState(2, 0.0), "queue": KState(1, 0.0), "late": KState(1, 0.0)}
+    seen = {
+        "cause": AdapterLoad(0.0, 0.0, 9.0, busy=2.0),  # TTFT 4.5x over: doubles, +2
+        "victim": AdapterLoad(0.0, 0.0, 9.0, busy=0.6),  # same replica's TTFT: +2, but less busy
+        "queue": AdapterLoad(0.0, 20.0, None, busy=1.0),  # waiting 5x over: the most pressed, +1 (k 1 -> 2)
+        "late": AdapterLoad(0.0, 4.4, None, busy=1.0),  # 1.1x over: last, +1
+    }
+    got = next_k(state, seen, 10.0, rule)
+    assert got == {
+        "queue": KState(2, 10.0),
+        "cause": KState(4, 10.0),
+        "victim": KState(3, 10.0),  # the last copy of the budget
+        "late": KState(1, 0.0),  # nothing left: unchanged
+    }
+    unlimited = next_k(state, seen, 10.0, RULE)
+    assert {a: s.k for a, s in unlimited.items()} == {"queue": 2, "cause": 4, "victim": 4, "late": 2}
+
+
+def test_the_budget_never_touches_shrinks_or_an_expansion_that_fits() -> None:
+    rule = dataclasses.replace(RULE, max_new_copies=1)
+    state = {"hot": KState(1, 0.0), "idle": KState(3, 0.0)}
+    got = next_k(state, {"hot": load(8.1)}, 100.0, rule)
+    assert got == {"hot": KState(2, 100.0), "idle": KState(2, 100.0)}
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -266,6 +341,7 @@ def test_a_burst_expands_fast_then_shrinks_one_step_per_cooldown_without_reexpan
         pytest.param({"shrink_ttft_p99_s": 3.0}, "hysteresis band", id="no-ttft-band"),
         pytest.param({"shrink_ttft_p99_s": None}, "set together", id="ttft-half-set"),
         pytest.param({"cooldown_s": -1.0}, "cooldown_s=-1.0", id="negative-cooldown"),
+        pytest.param({"max_new_copies": 0}, "max_new_copies=0", id="no-budget-at-all"),
     ],
 )
 def test_scaling_rule_refuses_a_rule_that_could_flap_or_cannot_hold(kwargs: dict[str, object], message: str) -> None:

@@ -33,12 +33,17 @@ from lorapool.render import names
 # What the operator's 'auto' k reacts to, in the units the sidecars' reports give (api/report.py):
 # ``waiting`` = the sum over replicas of the share of the window its requests waited for a slot
 # (a lower bound of its mean queued requests), compared per holder; TTFT p99 of the replicas it
-# kept busy (in flight at least half the window). Expansion is quick (a window), shrinking slow.
+# kept busy (in flight at least half the window). Expansion is quick: once per report window
+# measured after the last change (``observed_load`` passes the windows' timing); shrinking slow
+# (spec.placement.scaleDownCooldownSeconds).
 EXPAND_WAITING_PER_HOLDER = 0.5
 SHRINK_WAITING_PER_HOLDER = 0.1
 EXPAND_TTFT_P99_S = 2.0
 SHRINK_TTFT_P99_S = 1.0
-EXPAND_INTERVAL_S = 30.0  # about one report window: new holders load and take traffic first
+EXPAND_INTERVAL_S = 30.0  # only for a load without its windows' timing (reports always carry it)
+# Expansions add at most this many copies per replica per step, pool-wide (``ScalingRule.max_new_copies``):
+# each is a disk load that stalls a batch.
+NEW_COPIES_PER_REPLICA = 1.0
 BUSY_SHARE = 0.5  # a replica's TTFT counts for an adapter in flight there this share of the window
 
 
@@ -117,10 +122,15 @@ def observed_load(pods: Sequence[Mapping[str, Any]]) -> dict[str, AdapterLoad]:
     """Each adapter's load over the last window, summed over the live pods' reports.
 
     The reports carry no request rate per adapter: ``requests_per_s`` is left 0 (``next_k`` does
-    not read it).
+    not read it). ``window_s`` / ``measured_until_s``: the longest window and the oldest window
+    end among the reports that saw the adapter (how fresh its load is: ``next_k`` expands again
+    only on a window measured after its last change).
     """
     waiting: dict[str, float] = {}
     ttft: dict[str, float] = {}
+    window: dict[str, float] = {}
+    until: dict[str, float] = {}
+    busy: dict[str, float] = {}
     for pod in pods:
         if (pod.get("metadata") or {}).get("deletionTimestamp"):
             continue
@@ -130,9 +140,22 @@ def observed_load(pods: Sequence[Mapping[str, Any]]) -> dict[str, AdapterLoad]:
             continue
         for name, load in obs.adapters.items():
             waiting[name] = waiting.get(name, 0.0) + load.waiting_s / obs.window_s
+            window[name] = max(window.get(name, 0.0), obs.window_s)
+            busy[name] = busy.get(name, 0.0) + min(load.inflight_s / obs.window_s, 1.0)
+            until[name] = min(until.get(name, obs.end), obs.end)
             if obs.ttft_p99_s is not None and load.inflight_s >= BUSY_SHARE * obs.window_s:
                 ttft[name] = max(ttft.get(name, 0.0), obs.ttft_p99_s)
-    return {n: AdapterLoad(requests_per_s=0.0, waiting=w, ttft_p99_s=ttft.get(n)) for n, w in waiting.items()}
+    return {
+        n: AdapterLoad(
+            requests_per_s=0.0,
+            waiting=w,
+            ttft_p99_s=ttft.get(n),
+            window_s=window[n],
+            measured_until_s=until[n],
+            busy=round(busy[n], 3),
+        )
+        for n, w in waiting.items()
+    }
 
 
 def rfc3339(ts: float) -> str:
@@ -183,6 +206,7 @@ def scaling_rule(pool: LoRAPool) -> ScalingRule:
         cooldown_s=float(spec.scale_down_cooldown_seconds),
         k_min=min(spec.min_replicas, k_max),
         k_max=k_max,
+        max_new_copies=max(1, round(NEW_COPIES_PER_REPLICA * n)),
     )
 
 

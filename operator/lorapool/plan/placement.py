@@ -13,9 +13,10 @@ Three decisions, one function each:
 - ``place``: adapter -> its k holders, never more than ``capacity`` adapters on a replica
   (a replica's ``--max-cpu-loras``: past it vLLM's CPU cache evicts and reloads from disk,
   which is the cost placement exists to avoid).
-- ``next_k``: each adapter's k from its measured load, with hysteresis (expand fast when its
-  queue or TTFT crosses a threshold, shrink one step at a time after a cooldown and only when
-  the load per holder after the shrink stays below the lower threshold: no flapping).
+- ``next_k``: each adapter's k from its measured load, with asymmetric hysteresis: expand fast
+  (as soon as a window measured after the last change says its queue or TTFT is over the
+  threshold, by a step sized by how far over), shrink slow (one step after a long cooldown and
+  only when the load per holder after the shrink stays below the lower threshold): no flapping.
 
 Replica identities are slot indices or StatefulSet ordinals ("0", "1", ...), never pod
 names: a rolling update keeps identities, so it moves nothing.
@@ -130,11 +131,17 @@ class AdapterLoad:
 
     ``waiting`` is the mean number of its requests queued (router hold queue plus engine
     waiting) across all replicas; ``ttft_p99_s`` is None when no request finished in the window.
+    ``window_s`` and ``measured_until_s`` (the caller's clock: when the oldest window that saw it
+    closed) say how fresh the load is, so an expansion waits for a window measured after the
+    last change rather than a fixed interval; 0 / None when unknown.
     """
 
     requests_per_s: float
     waiting: float
     ttft_p99_s: float | None = None
+    window_s: float = 0.0
+    measured_until_s: float | None = None
+    busy: float = 0.0  # replicas' worth of its presence in flight (sum over replicas of its share of the window)
 
 
 IDLE = AdapterLoad(requests_per_s=0.0, waiting=0.0, ttft_p99_s=None)
@@ -147,13 +154,23 @@ class ScalingRule:
     Thresholds are per holder (``waiting / k``), so a hot adapter spread over k replicas is
     compared with what one replica can absorb.
 
-    - Expand when waiting per holder > ``expand_waiting`` or p99 TTFT > ``expand_ttft_p99_s``;
-      at most once per ``expand_interval_s`` (time for new holders to load and take traffic);
-      k grows in proportion to the excess, at most doubling per step, at least +1.
-    - Shrink by one after ``cooldown_s`` since the last change, and only when waiting per holder
+    - Expand when waiting per holder > ``expand_waiting`` or p99 TTFT > ``expand_ttft_p99_s``,
+      as soon as the load was measured mostly after the last change (its window closed at least
+      half a window after it: the new holders have loaded and taken traffic), so k can grow once
+      per measuring window; a load without its window's timing waits ``expand_interval_s`` instead.
+      k grows in proportion to the excess, at most doubling per step, at least +1: 1, 2, 4, 8
+      in three windows for an adapter far over.
+    - Shrink by one after ``cooldown_s`` since the last change (expansions are not held back by
+      it: expand fast, shrink slow), and only when waiting per holder
       *after* the shrink stays <= ``shrink_waiting`` and p99 TTFT (when known) <= ``shrink_ttft_p99_s``.
       ``shrink_* < expand_*`` is the hysteresis band: a shrink can never satisfy an expand.
     - k stays in [``k_min``, ``k_max``]; ``place`` clips it further to the pool's size.
+    - ``max_new_copies`` (None: no limit) bounds the copies all expansions of one ``next_k`` add
+      together: each new copy is a load from disk that stalls its replica's batch, and a slow
+      replica's TTFT marks every adapter busy there, so an unbounded fast rule expands the victims
+      with the cause and the loads themselves keep the replicas slow (measured: bench regime (e)).
+      The budget goes to the highest pressure first, then the adapter busiest across replicas
+      (a hot adapter, in flight all the time on all its holders, before its co-tenants), then name.
     """
 
     expand_waiting: float = 4.0
@@ -164,9 +181,12 @@ class ScalingRule:
     cooldown_s: float = 300.0
     k_min: int = 1
     k_max: int = 1_000_000
+    max_new_copies: int | None = None
 
     def __post_init__(self) -> None:
         problems = []
+        if self.max_new_copies is not None and self.max_new_copies < 1:
+            problems.append(f"max_new_copies={self.max_new_copies} must be >= 1 (or None: no budget)")
         if not 1 <= self.k_min <= self.k_max:
             problems.append(f"k_min={self.k_min}, k_max={self.k_max}: need 1 <= k_min <= k_max")
         if not 0 <= self.shrink_waiting < self.expand_waiting:
@@ -214,13 +234,26 @@ def _calm_after_shrink(load: AdapterLoad, k: int, rule: ScalingRule) -> bool:
     return rule.shrink_ttft_p99_s is None or load.ttft_p99_s is None or load.ttft_p99_s <= rule.shrink_ttft_p99_s
 
 
+def _measured_since_change(current: KState | None, load: AdapterLoad, since: float, rule: ScalingRule) -> bool:
+    """True when ``load`` reflects the adapter's current k: measured mostly after its last change.
+
+    With the window's timing: the (oldest) window closed at least half a window after the
+    change. Without it: ``expand_interval_s`` has passed since the change.
+    """
+    if current is None:
+        return True
+    if load.measured_until_s is not None and load.window_s > 0:
+        return load.measured_until_s - current.changed_at_s >= load.window_s / 2
+    return since >= rule.expand_interval_s
+
+
 def step_k(current: KState | None, load: AdapterLoad, now: float, rule: ScalingRule) -> KState:
     """One adapter's next k (see ``ScalingRule``). A new adapter starts at ``k_min``, free to expand at once."""
     k = min(max(current.k if current else rule.k_min, rule.k_min), rule.k_max)
     since = now - current.changed_at_s if current else math.inf
     changed_at = current.changed_at_s if current else now
     pressure = _pressure(load, k, rule)
-    if pressure > 1.0 and k < rule.k_max and since >= rule.expand_interval_s:
+    if pressure > 1.0 and k < rule.k_max and _measured_since_change(current, load, since, rule):
         grown = min(rule.k_max, 2 * k, max(k + 1, math.ceil(k * pressure)))
         return KState(grown, now)
     if k > rule.k_min and since >= rule.cooldown_s and _calm_after_shrink(load, k, rule):
@@ -233,5 +266,28 @@ def step_k(current: KState | None, load: AdapterLoad, now: float, rule: ScalingR
 def next_k(
     state: Mapping[str, KState], load: Mapping[str, AdapterLoad], now: float, rule: ScalingRule
 ) -> dict[str, KState]:
-    """Every adapter's next k: those in ``state`` or ``load`` (an adapter without load is idle)."""
-    return {a: step_k(state.get(a), load.get(a, IDLE), now, rule) for a in sorted(set(state) | set(load))}
+    """Every adapter's next k: those in ``state`` or ``load`` (an adapter without load is idle),
+    expansions within ``rule.max_new_copies`` (highest pressure, then busiest, first)."""
+    names = sorted(set(state) | set(load))
+    out = {a: step_k(state.get(a), load.get(a, IDLE), now, rule) for a in names}
+    if rule.max_new_copies is None:
+        return out
+
+    def was(a: str) -> int:
+        current = state.get(a)
+        return min(max(current.k if current else rule.k_min, rule.k_min), rule.k_max)
+
+    grown = [a for a in names if out[a].k > was(a)]
+    if sum(out[a].k - was(a) for a in grown) <= rule.max_new_copies:
+        return out
+    seen = {a: load.get(a, IDLE) for a in grown}
+    budget = rule.max_new_copies
+    for a in sorted(grown, key=lambda a: (-_pressure(seen[a], was(a), rule), -seen[a].busy, a)):
+        add = min(out[a].k - was(a), budget)
+        budget -= add
+        if add == 0:  # no budget left: stays as it was, free to expand on the next step
+            current = state.get(a)
+            out[a] = KState(was(a), current.changed_at_s if current and current.k == was(a) else now)
+        else:
+            out[a] = KState(was(a) + add, now)
+    return out
