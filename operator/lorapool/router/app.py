@@ -21,7 +21,9 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
+from lorapool.api.requests import encode
 from lorapool.router.backend import Request
+from lorapool.router.requestcount import RequestCounter
 from lorapool.router.scheduler import Lease, NoBackend, QueueFull, Scheduler, StillLoading, UnknownModel
 from lorapool.router.settings import RouterSettings
 from lorapool.router.telemetry import Telemetry
@@ -42,6 +44,7 @@ SCHEDULER: web.AppKey[Scheduler] = web.AppKey("scheduler", Scheduler)
 SESSION: web.AppKey[aiohttp.ClientSession] = web.AppKey("session", aiohttp.ClientSession)
 TELEMETRY: web.AppKey[Telemetry] = web.AppKey("telemetry", Telemetry)
 SETTINGS: web.AppKey[RouterSettings] = web.AppKey("settings", RouterSettings)
+REQUESTS: web.AppKey[RequestCounter] = web.AppKey("requests", RequestCounter)
 
 
 def error_body(status: int, message: str, kind: str, param: str | None = None) -> dict[str, Any]:
@@ -77,9 +80,11 @@ class Proxy:
         session: aiohttp.ClientSession,
         telemetry: Telemetry,
         settings: RouterSettings,
+        requests: RequestCounter,
     ) -> None:
         self.scheduler, self.session = scheduler, session
         self.telemetry, self.settings = telemetry, settings
+        self.requests = requests
         self.timeout = aiohttp.ClientTimeout(
             total=None, connect=settings.connect_timeout_s, sock_read=settings.read_timeout_s
         )
@@ -117,6 +122,9 @@ class Proxy:
             msg = 'request body needs a "model" string naming the base model or an adapter'
             return error_response(400, msg, "BadRequestError", param="model"), None, False
         req = self.scheduler.request_for(model)
+        # Counted once per client request, at admission: retries and waits do not count again.
+        known_adapter = req.is_adapter and self.scheduler.known(model)
+        self.requests.count(model, is_adapter=req.is_adapter, known=known_adapter, now_s=start, wall_s=time.time())
         return await self._route(request, body, req, start), model, self.scheduler.known(model)
 
     def _too_large(self, size: int | None) -> web.Response:
@@ -275,22 +283,36 @@ class Proxy:
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=self.telemetry.exposition(), content_type="text/plain", charset="utf-8")
 
+    async def request_counts(self, request: web.Request) -> web.Response:
+        """The last closed window's requests per adapter (``api.requests``'s JSON); 404 before the first closes."""
+        self.requests.roll(time.monotonic(), time.time())
+        last = self.requests.last
+        if last is None:
+            msg = f"no window has closed yet; the first closes {self.requests.window_s:g} s after start"
+            return web.json_response({"error": msg}, status=404)
+        return web.Response(text=encode(last), content_type="application/json")
+
 
 def build_app(
     scheduler: Scheduler,
     session: aiohttp.ClientSession,
     telemetry: Telemetry,
     settings: RouterSettings,
+    requests: RequestCounter | None = None,
 ) -> web.Application:
-    """The aiohttp application (run it with ``handler_cancellation=True``)."""
+    """The aiohttp application (run it with ``handler_cancellation=True``); ``requests``: the
+    per-adapter request counter (a new one, windows from now, when not given)."""
     # Bodies above the limit fail in request.read(); the handler turns that into a 413.
     app = web.Application(client_max_size=settings.max_body_bytes)
-    proxy = Proxy(scheduler, session, telemetry, settings)
-    app[SCHEDULER], app[SESSION], app[TELEMETRY], app[SETTINGS] = (
+    if requests is None:
+        requests = RequestCounter(settings.requests_window_s, time.monotonic())
+    proxy = Proxy(scheduler, session, telemetry, settings, requests)
+    app[SCHEDULER], app[SESSION], app[TELEMETRY], app[SETTINGS], app[REQUESTS] = (
         scheduler,
         session,
         telemetry,
         settings,
+        requests,
     )
     app.router.add_post("/v1/completions", proxy.completions)
     app.router.add_post("/v1/chat/completions", proxy.completions)
@@ -298,4 +320,5 @@ def build_app(
     app.router.add_get("/health", proxy.health)
     app.router.add_get("/livez", proxy.livez)
     app.router.add_get("/metrics", proxy.metrics)
+    app.router.add_get("/lorapool/requests", proxy.request_counts)
     return app

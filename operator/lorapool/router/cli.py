@@ -148,6 +148,14 @@ def _add_timing_flags(parser: argparse.ArgumentParser, d: RouterSettings) -> Non
         metavar="SECONDS",
         help="longest silence from a backend mid-response (default %(default)s)",
     )
+    parser.add_argument(
+        "--requests-window-s",
+        type=float,
+        default=d.requests_window_s,
+        metavar="SECONDS",
+        help="requests are counted per adapter over windows this long; the last closed one is served at"
+        " GET /lorapool/requests (default %(default)s, as the sidecars' observation window)",
+    )
 
 
 def _add_debug_flags(parser: argparse.ArgumentParser) -> None:
@@ -186,6 +194,7 @@ def settings_from(args: argparse.Namespace) -> RouterSettings:
         connect_timeout_s=args.connect_timeout,
         read_timeout_s=args.read_timeout,
         backend_header=args.backend_header,
+        requests_window_s=args.requests_window_s,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from lorapool.api.common import RouterPolicy
@@ -66,6 +67,14 @@ class RouterSettings:
     max_model_labels: int = 100
     # Add an X-Lorapool-Backend response header naming the backend (debugging, tests).
     backend_header: bool = False
+    # Requests are counted per adapter over windows of this length, seconds (GET /lorapool/requests,
+    # the annotation lorapool.io/requests): 60 as the sidecars' observation window, so placement
+    # reads rates and engine observations over the same span.
+    requests_window_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not (self.requests_window_s > 0 and math.isfinite(self.requests_window_s)):
+            raise ValueError(f"--requests-window-s must be > 0 seconds (and finite), got {self.requests_window_s:g}")
 
     def policy_params(self) -> PolicyParams:
         """The knobs the policy's plugin factories read."""
