@@ -19,6 +19,7 @@ from lorapool.plan.placement import (
     moves,
     next_k,
     place,
+    rate_k,
     rendezvous,
     shares,
     step_k,
@@ -330,6 +331,128 @@ def test_the_budget_never_touches_shrinks_or_an_expansion_that_fits() -> None:
     state = {"hot": KState(1, 0.0), "idle": KState(3, 0.0)}
     got = next_k(state, {"hot": load(8.1)}, 100.0, rule)
     assert got == {"hot": KState(2, 100.0), "idle": KState(2, 100.0)}
+
+
+# --- k sized from the adapter's share of the traffic ----------------------------------------------
+
+# 16 replicas, 200 req/s: a mean replica's share f = 12.5 req/s; expand past 0.5 f = 6.25 req/s per
+# holder, shrink below 0.25 f = 3.125 req/s per holder.
+RATE_RULE = dataclasses.replace(RULE, k_max=16, pool_replicas=16, expand_share=0.5, shrink_share=0.25)
+
+
+def rated(rps: float, pool_rps: float = 200.0, ttft: float | None = None, waiting: float = 0.0) -> AdapterLoad:
+    """A load with its rate measured by the routers (the pool's total alongside)."""
+    return AdapterLoad(requests_per_s=rps, waiting=waiting, ttft_p99_s=ttft, pool_requests_per_s=pool_rps)
+
+
+@pytest.mark.parametrize(
+    ("state", "seen", "now", "want"),
+    [
+        pytest.param(KState(1, 0.0), rated(27.0), 10.0, KState(5, 10.0), id="hot-goes-straight-to-its-k(27/6.25)"),
+        pytest.param(None, rated(27.0), 0.0, KState(5, 0.0), id="new-hot-adapter-starts-at-its-k"),
+        pytest.param(KState(1, 0.0), rated(6.25), 10.0, KState(1, 0.0), id="at-half-a-fair-share-holds"),
+        pytest.param(KState(1, 0.0), rated(6.3), 10.0, KState(2, 10.0), id="just-over-half-a-fair-share-expands"),
+        pytest.param(KState(2, 9.5), rated(27.0), 10.0, KState(5, 10.0), id="no-wait-for-a-window-after-the-change"),
+        pytest.param(KState(1, 0.0), rated(150.0), 10.0, KState(16, 10.0), id="k_max-caps(150/6.25=24)"),
+        pytest.param(KState(3, 0.0), rated(1.0), 30.0, KState(3, 0.0), id="shrink-waits-for-the-cooldown"),
+        pytest.param(KState(5, 0.0), rated(27.0), 900.0, KState(5, 0.0), id="no-shrink-while-rate-needs-it"),
+        pytest.param(KState(5, 0.0), rated(12.6), 900.0, KState(5, 0.0), id="no-shrink-inside-the-band(12.6/3.125->5)"),
+        pytest.param(KState(5, 0.0), rated(12.5), 900.0, KState(4, 900.0), id="shrinks-below-the-band(12.5/3.125=4)"),
+        pytest.param(KState(5, 0.0), rated(0.0), 900.0, KState(4, 900.0), id="no-traffic-shrinks-by-one"),
+        pytest.param(
+            KState(5, 0.0), rated(1.0, ttft=1.5), 900.0, KState(5, 0.0), id="rate-calm-but-ttft-in-band-holds"
+        ),
+        pytest.param(KState(1, 0.0), rated(0.5, ttft=9.0), 10.0, KState(2, 10.0), id="ttft-still-a-second-trigger"),
+        pytest.param(
+            KState(4, 0.0), rated(27.0, ttft=9.0), 10.0, KState(8, 10.0), id="the-larger-of-ttft-and-rate(8>5)"
+        ),
+        # A nearly idle pool: 0.4 req/s in all. f is floored at min_fair_rps (1 req/s), so 75 % of nothing
+        # is not 75 % of the pool (which would ask ceil(0.3 / (0.5 x 0.025)) = 24 holders).
+        pytest.param(KState(1, 0.0), rated(0.3, pool_rps=0.4), 10.0, KState(1, 0.0), id="idle-pool-floor-holds"),
+        pytest.param(KState(1, 0.0), rated(1.2, pool_rps=1.6), 10.0, KState(3, 10.0), id="idle-pool-floor-sizes"),
+        pytest.param(KState(3, 0.0), rated(0.3, pool_rps=0.4), 900.0, KState(2, 900.0), id="idle-pool-shrinks"),
+    ],
+)
+def test_step_k_sized_from_the_rate(state: KState | None, seen: AdapterLoad, now: float, want: KState) -> None:
+    assert step_k(state, seen, now, RATE_RULE) == want
+
+
+@pytest.mark.parametrize(
+    ("seen", "rule", "want"),
+    [
+        pytest.param(rated(27.0), RATE_RULE, 5, id="27-of-200-over-16"),
+        pytest.param(rated(0.0), RATE_RULE, 0, id="no-requests"),
+        pytest.param(load(27.0), RATE_RULE, None, id="no-rate-measured"),
+        pytest.param(rated(27.0), RULE, None, id="rule-without-pool-size"),
+        pytest.param(rated(27.0, pool_rps=0.0), RATE_RULE, 54, id="no-pool-total-floors-f"),
+    ],
+)
+def test_rate_k(seen: AdapterLoad, rule: ScalingRule, want: int | None) -> None:
+    assert rate_k(seen, rule, rule.expand_share) == want
+
+
+def test_a_rate_never_flaps_inside_the_share_band() -> None:
+    """k = 5 at 200 req/s over 16 replicas holds for any rate in (12.5, 31.25]: 2,000 steps between 13 and 31."""
+    rng = random.Random(5)
+    state = {"a": KState(5, 0.0)}
+    changes = 0
+    for t in range(1, 2000):
+        nxt = next_k(state, {"a": rated(rng.uniform(13.0, 31.0))}, float(t), RATE_RULE)
+        changes += nxt["a"].k != state["a"].k
+        state = nxt
+    assert changes == 0
+
+
+def test_a_rate_that_halves_walks_k_down_one_step_per_cooldown_and_never_back_up() -> None:
+    state = {"a": KState(1, -1000.0)}
+    history = []
+    for t in range(0, 400):
+        state = next_k(state, {"a": rated(27.0 if t < 100 else 8.0)}, float(t), RATE_RULE)
+        history.append(state["a"].k)
+    assert history[0] == 5 and set(history[:100]) == {5}
+    assert history[-1] == 3  # 8 / 3.125 -> 3: the band's lower edge, reached one step per 60-s cooldown
+    assert history[100:] == sorted(history[100:], reverse=True)
+    downs = [t for t in range(1, 400) if history[t] < history[t - 1]]
+    assert all(b - a >= RATE_RULE.cooldown_s for a, b in itertools.pairwise(downs))
+
+
+def test_the_budget_goes_to_what_the_rate_asks_for_before_a_slow_replicas_victims() -> None:
+    """One replica is slow: its TTFT marks the hot adapter and a rare co-tenant alike. The rate says which
+    one is the cause: the hot adapter takes the budget (4 copies: k 1 -> 5), the victim waits."""
+    rule = dataclasses.replace(RATE_RULE, max_new_copies=4)
+    state = {"hot": KState(1, 0.0), "victim": KState(1, 0.0)}
+    seen = {"hot": rated(27.0, ttft=9.0), "victim": rated(0.2, ttft=12.0)}
+    assert next_k(state, seen, 10.0, rule) == {"hot": KState(5, 10.0), "victim": KState(1, 0.0)}
+    more = dataclasses.replace(rule, max_new_copies=5)
+    assert next_k(state, seen, 10.0, more) == {"hot": KState(5, 10.0), "victim": KState(2, 10.0)}
+
+
+@pytest.mark.parametrize("pool_rps", [0.05, 3.0, 200.0, 5000.0])
+def test_the_copies_a_rate_asks_for_are_bounded_whatever_the_traffic(pool_rps: float) -> None:
+    """Each adapter's rate / (expand_share f), summed, is the pool's rate / (expand_share f) =
+    pool_replicas / expand_share at most (f floored: fewer): 32 extra copies for 16 replicas, here Zipf
+    over 1,000 adapters and a pool at any rate, from nearly idle to far over."""
+    weights = [1.0 / (i + 1) for i in range(1000)]
+    rates = [pool_rps * w / sum(weights) for w in weights]
+    extra = sum(max(0, (rate_k(rated(r, pool_rps), RATE_RULE, 0.5) or 0) - 1) for r in rates)
+    assert extra <= 16 / 0.5
+    if max(rates) <= RATE_RULE.expand_share * RATE_RULE.min_fair_rps:  # nearly idle: no spread at all
+        assert extra == 0
+    assert (extra > 0) == (pool_rps >= 200.0)  # a loaded pool spreads its hot adapters
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        pytest.param({"shrink_share": 0.5}, "hysteresis band", id="no-share-band"),
+        pytest.param({"shrink_share": 0.0}, "shrink_share=0.0", id="zero-shrink-share"),
+        pytest.param({"min_fair_rps": 0.0}, "min_fair_rps=0.0", id="no-floor"),
+        pytest.param({"pool_replicas": -1}, "pool_replicas=-1", id="negative-pool"),
+    ],
+)
+def test_scaling_rule_refuses_a_share_rule_that_could_flap(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ScalingRule(**kwargs)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

@@ -13,10 +13,12 @@ Three decisions, one function each:
 - ``place``: adapter -> its k holders, never more than ``capacity`` adapters on a replica
   (a replica's ``--max-cpu-loras``: past it vLLM's CPU cache evicts and reloads from disk,
   which is the cost placement exists to avoid).
-- ``next_k``: each adapter's k from its measured load, with asymmetric hysteresis: expand fast
-  (as soon as a window measured after the last change says its queue or TTFT is over the
-  threshold, by a step sized by how far over), shrink slow (one step after a long cooldown and
-  only when the load per holder after the shrink stays below the lower threshold): no flapping.
+- ``next_k``: each adapter's k from its measured load, with asymmetric hysteresis: expand fast,
+  straight to the holders its share of the pool's requests needs when the routers measured its
+  rate, and (the second trigger, the only one without a rate) as soon as a window measured after
+  the last change says its queue or TTFT is over the threshold, by a step sized by how far over;
+  shrink slow (one step after a long cooldown and only when the load per holder after the shrink
+  stays below the lower thresholds): no flapping.
 
 Replica identities are slot indices or StatefulSet ordinals ("0", "1", ...), never pod
 names: a rolling update keeps identities, so it moves nothing.
@@ -129,6 +131,9 @@ def moves(before: Mapping[str, Sequence[Hashable]], after: Mapping[str, Sequence
 class AdapterLoad:
     """One adapter's load over the last window, pool-wide.
 
+    ``requests_per_s`` is its request rate and ``pool_requests_per_s`` the whole pool's, over the
+    same windows (the routers count them); ``pool_requests_per_s`` None means no rate was measured
+    (no router window yet, an old router), and then ``requests_per_s`` is not read.
     ``waiting`` is the mean number of its requests queued (router hold queue plus engine
     waiting) across all replicas; ``ttft_p99_s`` is None when no request finished in the window.
     ``window_s`` and ``measured_until_s`` (the caller's clock: when the oldest window that saw it
@@ -142,6 +147,7 @@ class AdapterLoad:
     window_s: float = 0.0
     measured_until_s: float | None = None
     busy: float = 0.0  # replicas' worth of its presence in flight (sum over replicas of its share of the window)
+    pool_requests_per_s: float | None = None
 
 
 IDLE = AdapterLoad(requests_per_s=0.0, waiting=0.0, ttft_p99_s=None)
@@ -154,6 +160,15 @@ class ScalingRule:
     Thresholds are per holder (``waiting / k``), so a hot adapter spread over k replicas is
     compared with what one replica can absorb.
 
+    - **Sized from the traffic** (when the load carries the pool's rate and ``pool_replicas`` is
+      set): with f = the pool's request rate / ``pool_replicas`` (a mean replica's share, at least
+      ``min_fair_rps``), an adapter needs ``ceil(rate / (expand_share * f))`` holders: no holder
+      carries more than ``expand_share`` of a mean replica's load for one adapter. k goes straight
+      there, with no doubling cap and no wait for a window measured after the change: the rate is
+      demand, which k does not change, so reading the same window again gives the same k. The
+      floor on f bounds the cost in a nearly idle pool (a few requests make a large share of
+      nothing); whatever the traffic, the extra copies the rate asks for sum to at most
+      ``pool_replicas / expand_share`` (each adapter's rate / (expand_share f), summed).
     - Expand when waiting per holder > ``expand_waiting`` or p99 TTFT > ``expand_ttft_p99_s``,
       as soon as the load was measured mostly after the last change (its window closed at least
       half a window after it: the new holders have loaded and taken traffic), so k can grow once
@@ -162,15 +177,18 @@ class ScalingRule:
       in three windows for an adapter far over.
     - Shrink by one after ``cooldown_s`` since the last change (expansions are not held back by
       it: expand fast, shrink slow), and only when waiting per holder
-      *after* the shrink stays <= ``shrink_waiting`` and p99 TTFT (when known) <= ``shrink_ttft_p99_s``.
+      *after* the shrink stays <= ``shrink_waiting`` and p99 TTFT (when known) <= ``shrink_ttft_p99_s``,
+      and, with a rate, only when ``ceil(rate / (shrink_share * f)) < k``.
       ``shrink_* < expand_*`` is the hysteresis band: a shrink can never satisfy an expand.
     - k stays in [``k_min``, ``k_max``]; ``place`` clips it further to the pool's size.
     - ``max_new_copies`` (None: no limit) bounds the copies all expansions of one ``next_k`` add
       together: each new copy is a load from disk that stalls its replica's batch, and a slow
       replica's TTFT marks every adapter busy there, so an unbounded fast rule expands the victims
       with the cause and the loads themselves keep the replicas slow (measured: bench regime (e)).
-      The budget goes to the highest pressure first, then the adapter busiest across replicas
-      (a hot adapter, in flight all the time on all its holders, before its co-tenants), then name.
+      The budget goes to the expansions the rate asks for first (most holders short, relative to
+      k), then the highest TTFT/queue pressure, then the adapter busiest across replicas (a hot
+      adapter, in flight all the time on all its holders, before its co-tenants), then name: the
+      rate names the cause, while a slow replica's TTFT names every adapter queued there.
     """
 
     expand_waiting: float = 4.0
@@ -182,9 +200,22 @@ class ScalingRule:
     k_min: int = 1
     k_max: int = 1_000_000
     max_new_copies: int | None = None
+    pool_replicas: int = 0  # n, for the fair share f = the pool's rate / n; 0: k is not sized from rates
+    expand_share: float = 0.5
+    shrink_share: float = 0.25
+    min_fair_rps: float = 1.0  # floor on f: below it the pool counts as nearly idle
 
     def __post_init__(self) -> None:
         problems = []
+        if self.pool_replicas < 0:
+            problems.append(f"pool_replicas={self.pool_replicas} must be >= 0 (0: no rate rule)")
+        if not 0 < self.shrink_share < self.expand_share:
+            problems.append(
+                f"shrink_share={self.shrink_share} must be > 0 and below expand_share={self.expand_share}"
+                " (the hysteresis band)"
+            )
+        if not self.min_fair_rps > 0:
+            problems.append(f"min_fair_rps={self.min_fair_rps} must be > 0 (the floor on a replica's fair share)")
         if self.max_new_copies is not None and self.max_new_copies < 1:
             problems.append(f"max_new_copies={self.max_new_copies} must be >= 1 (or None: no budget)")
         if not 1 <= self.k_min <= self.k_max:
@@ -227,9 +258,27 @@ def _pressure(load: AdapterLoad, k: int, rule: ScalingRule) -> float:
     return ratio
 
 
+def rate_k(load: AdapterLoad, rule: ScalingRule, share: float) -> int | None:
+    """Holders the adapter's rate needs so that none carries more than ``share`` of a mean replica's
+    load (f = the pool's rate / ``pool_replicas``, at least ``min_fair_rps``); None without a rate."""
+    if load.pool_requests_per_s is None or rule.pool_replicas < 1:
+        return None
+    fair = max(load.pool_requests_per_s / rule.pool_replicas, rule.min_fair_rps)
+    return max(0, math.ceil(load.requests_per_s / (share * fair) - 1e-9))  # 1e-9: a rate exactly at a step
+
+
+def _short(load: AdapterLoad, k: int, rule: ScalingRule) -> float:
+    """How far short of the holders its rate needs the adapter is, relative to k (0: not short or no rate)."""
+    need = rate_k(load, rule, rule.expand_share)
+    return need / k if need is not None and need > k else 0.0
+
+
 def _calm_after_shrink(load: AdapterLoad, k: int, rule: ScalingRule) -> bool:
-    """True when k-1 holders would still sit below the shrink thresholds."""
+    """True when k-1 holders would still sit below the shrink thresholds (and, with a rate, its share band)."""
     if load.waiting / (k - 1) > rule.shrink_waiting:
+        return False
+    need = rate_k(load, rule, rule.shrink_share)
+    if need is not None and need >= k:
         return False
     return rule.shrink_ttft_p99_s is None or load.ttft_p99_s is None or load.ttft_p99_s <= rule.shrink_ttft_p99_s
 
@@ -253,8 +302,13 @@ def step_k(current: KState | None, load: AdapterLoad, now: float, rule: ScalingR
     since = now - current.changed_at_s if current else math.inf
     changed_at = current.changed_at_s if current else now
     pressure = _pressure(load, k, rule)
+    grown = k
     if pressure > 1.0 and k < rule.k_max and _measured_since_change(current, load, since, rule):
         grown = min(rule.k_max, 2 * k, max(k + 1, math.ceil(k * pressure)))
+    need = rate_k(load, rule, rule.expand_share)
+    if need is not None:
+        grown = max(grown, min(need, rule.k_max))
+    if grown > k:
         return KState(grown, now)
     if k > rule.k_min and since >= rule.cooldown_s and _calm_after_shrink(load, k, rule):
         return KState(k - 1, now)
@@ -267,7 +321,8 @@ def next_k(
     state: Mapping[str, KState], load: Mapping[str, AdapterLoad], now: float, rule: ScalingRule
 ) -> dict[str, KState]:
     """Every adapter's next k: those in ``state`` or ``load`` (an adapter without load is idle),
-    expansions within ``rule.max_new_copies`` (highest pressure, then busiest, first)."""
+    expansions within ``rule.max_new_copies`` (most short of its rate's k, then highest pressure,
+    then busiest, first)."""
     names = sorted(set(state) | set(load))
     out = {a: step_k(state.get(a), load.get(a, IDLE), now, rule) for a in names}
     if rule.max_new_copies is None:
@@ -282,7 +337,11 @@ def next_k(
         return out
     seen = {a: load.get(a, IDLE) for a in grown}
     budget = rule.max_new_copies
-    for a in sorted(grown, key=lambda a: (-_pressure(seen[a], was(a), rule), -seen[a].busy, a)):
+    order = sorted(
+        grown,
+        key=lambda a: (-_short(seen[a], was(a), rule), -_pressure(seen[a], was(a), rule), -seen[a].busy, a),
+    )
+    for a in order:
         add = min(out[a].k - was(a), budget)
         budget -= add
         if add == 0:  # no budget left: stays as it was, free to expand on the next step
