@@ -12,6 +12,9 @@ from lorapool.api.load import parse_object
 from lorapool.api.models import LoRAPool
 from lorapool.api.report import AdapterLoad as ReplicaLoad
 from lorapool.api.report import Observations, ReplicaReport, encode
+from lorapool.api.requests import ANNOTATION as REQUESTS
+from lorapool.api.requests import RequestWindow
+from lorapool.api.requests import encode as encode_requests
 from lorapool.api.status import PlacementMode
 from lorapool.controller import decide
 from lorapool.controller.placement import (
@@ -21,6 +24,7 @@ from lorapool.controller.placement import (
     observed_load,
     pod_slots,
     previous_k,
+    request_rates,
     rfc3339,
     scaling_rule,
     slot_patches,
@@ -252,6 +256,86 @@ def test_auto_k_expands_again_on_the_next_window_measured_after_the_change_not_a
     assert set(first.holders["a3"]) <= set(second.holders["a3"]) <= set(third.holders["a3"])  # type: ignore[index]
 
 
+# --- request rates from the router pods ------------------------------------------------------
+
+
+def router(name: str, w: RequestWindow | None, terminating: bool = False, raw: str | None = None) -> dict[str, Any]:
+    """A router Pod as the API server returns it, with its last closed window (``lorapool.io/requests``)."""
+    meta: dict[str, Any] = {"name": name, "annotations": {}}
+    if w is not None:
+        meta["annotations"][REQUESTS] = encode_requests(w)
+    if raw is not None:
+        meta["annotations"][REQUESTS] = raw
+    if terminating:
+        meta["deletionTimestamp"] = "2026-12-03T00:00:00Z"
+    return {"metadata": meta}
+
+
+def window(end: float, counts: dict[str, int], other: int = 0, window_s: float = 10.0) -> RequestWindow:
+    return RequestWindow(window_s=window_s, end=end, counts=counts, other=other)
+
+
+@pytest.mark.parametrize(
+    ("routers", "want"),
+    [
+        pytest.param([], None, id="no-router-pods"),
+        pytest.param([router("r0", None)], None, id="an-old-router-writes-no-window"),
+        pytest.param([router("r0", None, raw='{"v": 9}')], None, id="an-unreadable-window-is-none"),
+        pytest.param([router("r0", window(1000.0, {"a": 50, "b": 10}, other=40))], ({"a": 5.0, "b": 1.0}, 10.0),
+                     id="one-router-rates-and-the-pool-total-with-the-cut-adapters"),
+        pytest.param(
+            [router("r0", window(1000.0, {"a": 50})), router("r1", window(995.0, {"a": 30, "c": 6}, window_s=6.0))],
+            ({"a": 10.0, "c": 1.0}, 11.0),
+            id="summed-over-routers-each-by-its-own-window",
+        ),
+        pytest.param(
+            [router("r0", window(1000.0, {"a": 50})), router("r1", window(979.0, {"a": 500}))],
+            ({"a": 5.0}, 5.0),
+            id="a-window-closed-over-two-windows-ago-is-stale",
+        ),
+        pytest.param(
+            [router("r0", window(1000.0, {"a": 50})), router("r1", window(1000.0, {"a": 500}), terminating=True)],
+            ({"a": 5.0}, 5.0),
+            id="a-router-being-deleted-is-skipped",
+        ),
+        pytest.param([router("r0", window(979.0, {"a": 50}))], None, id="only-stale-windows-is-no-rate"),
+        pytest.param([router("r0", window(980.0, {"a": 50}))], ({"a": 5.0}, 5.0), id="two-windows-old-is-fresh"),
+    ],
+)  # fmt: skip
+def test_request_rates(routers: list[dict[str, Any]], want: tuple[dict[str, float], float] | None) -> None:
+    assert request_rates(routers, now=1000.0) == want
+
+
+def test_observed_load_carries_each_adapters_rate_and_the_pools_beside_the_reports() -> None:
+    pods = [reported("p0", obs({"a": ReplicaLoad(60.0, 30.0)}, ttft_p99_s=3.0))]
+    routers = [router("r0", window(1000.0, {"a": 270, "new": 20}, other=1710))]
+    got = observed_load(pods, routers, now=1001.0)
+    assert got["a"] == AdapterLoad(
+        requests_per_s=27.0, waiting=0.5, ttft_p99_s=3.0, window_s=60.0, measured_until_s=1000.0, busy=1.0,
+        pool_requests_per_s=200.0,
+    )  # fmt: skip
+    # requested but in no engine report yet (placed nowhere, or just loading): its rate alone
+    assert got["new"] == AdapterLoad(requests_per_s=2.0, waiting=0.0, pool_requests_per_s=200.0)
+    without = observed_load(pods, [], now=1001.0)["a"]
+    assert (without.requests_per_s, without.pool_requests_per_s) == (0.0, None)
+    stale = observed_load(pods, routers, now=1100.0)["a"]
+    assert stale.pool_requests_per_s is None
+
+
+def test_auto_k_goes_straight_to_the_holders_the_adapters_share_needs() -> None:
+    """16 replicas at 200 req/s: a mean replica's share is 12.5 req/s; an adapter with 27 req/s needs
+    ceil(27 / (0.5 x 12.5)) = 5 holders, in one step (the TTFT rule alone would double: 2, 4, 8)."""
+    p = pool(40, replicas=16, scaleDownCooldownSeconds=300)
+    counts = {"a3": 270, "a7": 20}
+    routers = [router("r0", window(1000.0, counts, other=2000 - 290)), router("r1", None)]
+    load = observed_load([], routers, now=1002.0)
+    got = decide_placement(p, names_of(40), 8, {}, load, now=1002.0)
+    assert got.k["a3"] == KState(5, 1002.0) and len(got.holders["a3"]) == 5  # type: ignore[index]
+    assert got.k["a7"].k == 1 and got.k["a0"].k == 1
+    rule = scaling_rule(p)
+    assert (rule.pool_replicas, rule.expand_share, rule.shrink_share, rule.min_fair_rps) == (16, 0.5, 0.25, 1.0)
+
+
 # --- through decide and pool_status ----------------------------------------------------------
 
 
@@ -261,6 +345,11 @@ def test_decide_renders_each_adapters_slots_and_status_shows_placement() -> None
     verdicts = [AdapterResult(a.spec.name, a.origin, 16, decide.AdapterPhase.LOADING) for a in merged.adapters]
     d = decide.decide(p, merged, verdicts, [], RenderOptions(), now=5.0)
     assert d.placement is not None and d.placement.holders is not None
+    # the router pods' counts reach k through decide: a0 has all the requests of a pool of 3
+    rated = decide.decide(
+        p, merged, verdicts, [], RenderOptions(), routers=[router("r0", window(4.0, {"a0": 100}))], now=5.0
+    )
+    assert rated.placement is not None and rated.placement.k["a0"].k == 3
     cm = next(o for o in d.objects if o["kind"] == "ConfigMap")
     listed = {a["name"]: a["replicas"] for a in json.loads(cm["data"]["adapters.json"])["adapters"]}
     assert listed == {a: list(h) for a, h in d.placement.holders.items()}

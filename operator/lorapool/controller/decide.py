@@ -176,6 +176,7 @@ def decide(
     options: RenderOptions,
     *,
     pods: Sequence[Mapping[str, Any]] = (),
+    routers: Sequence[Mapping[str, Any]] = (),
     status: Mapping[str, Any] | None = None,
     now: float = 0.0,
     tuned: int | None = None,
@@ -185,7 +186,8 @@ def decide(
     ``verdicts`` are ``judge_adapter`` results in ``merged.adapters`` order. Every rank the
     planner sees either fits its max-lora-rank or makes the plan fail naming the adapter, so
     an adapter that reaches the rendered set always loads. ``pods`` (the engine pods, with their
-    sidecars' reports), the pool's last ``status`` and ``now`` (Unix seconds) feed placement.
+    sidecars' reports), ``routers`` (the router pods, with their request counts), the pool's last
+    ``status`` and ``now`` (Unix seconds) feed placement.
     ``tuned``: the --max-loras the sizing loop applies (``controller.sizing.tuned_max_loras``).
     """
     rest = unmerged(merged, invalid)
@@ -195,7 +197,12 @@ def decide(
     except PlanError as exc:
         return Decision(None, exc.problems, (*verdicts, *rest), ())
     placement = decide_placement(
-        pool, [a.spec.name for a, _ in servable], plan.max_cpu_loras, previous_k(status), observed_load(pods), now
+        pool,
+        [a.spec.name for a, _ in servable],
+        plan.max_cpu_loras,
+        previous_k(status),
+        observed_load(pods, routers, now),
+        now,
     )
     objects = render_pool(pool, plan, [a for a, _ in servable], options, placement.holders)
     identities = {a.spec.name: adapter_identity(a.spec.source, a.spec.revision, a.spec.sha256) for a, _ in servable}

@@ -11,7 +11,8 @@ cluster, in plain data:
   nothing. ``controller.kubernetes.io/pod-deletion-cost`` = -slot makes a scale-down remove the
   highest slot, the one placement drops. The sidecar reads its slot from a downward-API file.
 - **k** per adapter: ``spec.placement`` (a number, an override, 'all') or, under 'auto', from its
-  load in the sidecars' reports (``next_k``: hysteresis), remembered across reconciles in
+  share of the requests the pool's routers counted (``api/requests.py``) and its load in the
+  sidecars' reports (``next_k``: hysteresis), remembered across reconciles in
   ``status.adapters[].targetReplicas`` / ``targetChangedAt``.
 - **Mode**: 'auto' keeps every adapter on every replica while the catalog fits one replica's
   CPU cache (``maxCpuLoras``): small pools behave as before placement existed.
@@ -26,6 +27,7 @@ from typing import Any
 
 from lorapool.api.models import ALL, AUTO, LoRAPool
 from lorapool.api.report import pod_report
+from lorapool.api.requests import pod_requests
 from lorapool.api.status import PlacementMode, PlacementStatus
 from lorapool.plan.placement import AdapterLoad, KState, ScalingRule, clip_k, next_k, place
 from lorapool.render import names
@@ -45,6 +47,12 @@ EXPAND_INTERVAL_S = 30.0  # only for a load without its windows' timing (reports
 # each is a disk load that stalls a batch.
 NEW_COPIES_PER_REPLICA = 1.0
 BUSY_SHARE = 0.5  # a replica's TTFT counts for an adapter in flight there this share of the window
+# k from the adapter's share of the routers' request counts (``ScalingRule``): no holder carries more than
+# EXPAND_SHARE of a mean replica's requests for one adapter; a holder is given back only below SHRINK_SHARE.
+EXPAND_SHARE = 0.5
+SHRINK_SHARE = 0.25
+MIN_FAIR_RPS = 1.0  # a pool under 1 req/s per replica is nearly idle: its shares are noise, f is floored here
+RATE_FRESH_WINDOWS = 2.0  # a router's window counts while it closed at most this many windows ago
 
 
 # --- slots -----------------------------------------------------------------------------------
@@ -118,14 +126,41 @@ def slot_patches(pods: Sequence[PodSlot], assigned: Mapping[str, int | None]) ->
 # --- load and memory -------------------------------------------------------------------------
 
 
-def observed_load(pods: Sequence[Mapping[str, Any]]) -> dict[str, AdapterLoad]:
-    """Each adapter's load over the last window, summed over the live pods' reports.
+def request_rates(routers: Sequence[Mapping[str, Any]], now: float) -> tuple[dict[str, float], float] | None:
+    """Each adapter's request rate and the pool's, summed over the router pods' fresh windows
+    (``lorapool.io/requests``); None when no router pod has one (none yet, an old router).
 
-    The reports carry no request rate per adapter: ``requests_per_s`` is left 0 (``next_k`` does
-    not read it). ``window_s`` / ``measured_until_s``: the longest window and the oldest window
-    end among the reports that saw the adapter (how fresh its load is: ``next_k`` expands again
-    only on a window measured after its last change).
+    Fresh: closed at most ``RATE_FRESH_WINDOWS`` windows before ``now`` (Unix seconds); a stale
+    window (a router that stopped writing) counts as none. Pods being deleted are skipped.
     """
+    rates: dict[str, float] = {}
+    total, seen = 0.0, False
+    for pod in routers:
+        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        w = pod_requests(pod)
+        if w is None or now - w.end > RATE_FRESH_WINDOWS * w.window_s:
+            continue
+        seen = True
+        total += w.total / w.window_s
+        for name in w.counts:
+            rates[name] = rates.get(name, 0.0) + w.rate(name)
+    return (rates, total) if seen else None
+
+
+def observed_load(
+    pods: Sequence[Mapping[str, Any]], routers: Sequence[Mapping[str, Any]] = (), now: float = 0.0
+) -> dict[str, AdapterLoad]:
+    """Each adapter's load over the last window, summed over the live pods' reports, with its request
+    rate and the pool's from the router pods' fresh windows (``request_rates``; ``now`` in Unix seconds).
+
+    Without a fresh router window ``pool_requests_per_s`` is None and ``requests_per_s`` 0: ``next_k``
+    then sizes k from TTFT and queues alone. ``window_s`` / ``measured_until_s``: the longest window
+    and the oldest window end among the engine reports that saw the adapter (how fresh its load is:
+    ``next_k``'s TTFT/queue rule expands again only on a window measured after its last change).
+    """
+    rated = request_rates(routers, now)
+    rates, total = rated if rated is not None else ({}, None)
     waiting: dict[str, float] = {}
     ttft: dict[str, float] = {}
     window: dict[str, float] = {}
@@ -147,14 +182,15 @@ def observed_load(pods: Sequence[Mapping[str, Any]]) -> dict[str, AdapterLoad]:
                 ttft[name] = max(ttft.get(name, 0.0), obs.ttft_p99_s)
     return {
         n: AdapterLoad(
-            requests_per_s=0.0,
-            waiting=w,
+            requests_per_s=round(rates.get(n, 0.0), 6),
+            waiting=waiting.get(n, 0.0),
             ttft_p99_s=ttft.get(n),
-            window_s=window[n],
-            measured_until_s=until[n],
-            busy=round(busy[n], 3),
+            window_s=window.get(n, 0.0),
+            measured_until_s=until.get(n),
+            busy=round(busy.get(n, 0.0), 3),
+            pool_requests_per_s=None if total is None else round(total, 6),
         )
-        for n, w in waiting.items()
+        for n in sorted(set(waiting) | set(rates))
     }
 
 
@@ -207,6 +243,10 @@ def scaling_rule(pool: LoRAPool) -> ScalingRule:
         k_min=min(spec.min_replicas, k_max),
         k_max=k_max,
         max_new_copies=max(1, round(NEW_COPIES_PER_REPLICA * n)),
+        pool_replicas=n,
+        expand_share=EXPAND_SHARE,
+        shrink_share=SHRINK_SHARE,
+        min_fair_rps=MIN_FAIR_RPS,
     )
 
 

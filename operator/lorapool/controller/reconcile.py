@@ -133,8 +133,11 @@ class PoolReconciler:
         objects = decide.pool_adapters(adapter_bodies, name)
         merged = merge_adapters(pool, objects.valid)
         verdicts = await self._read_adapter_metadata(pool, merged.adapters)
-        # 2b. read engine pods: their slots and their sidecars' load reports feed placement
+        # 2b. read engine pods (their slots and their sidecars' load reports) and router pods (their
+        # request counts per adapter): both feed placement. Router pods trigger nothing (app.py watches
+        # engine pods only): their counts are read here, at the next reconcile or the resync.
         pods = await self._io(self.kube.list, "Pod", namespace, names.selector_string(name, "engine"))
+        routers = await self._io(self.kube.list, "Pod", namespace, names.selector_string(name, "router"))
         # 3. decide (pure)
         decision = decide.decide(
             pool,
@@ -143,6 +146,7 @@ class PoolReconciler:
             objects.invalid,
             self.settings.render,
             pods=pods,
+            routers=routers,
             status=body.get("status"),
             now=time.time(),
             tuned=sizing.tuned_max_loras(pool, body),
