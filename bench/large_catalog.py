@@ -7,8 +7,11 @@ do). ``lorapool placement``'s replicas then keep only their share (registered la
 cache holds it; the rest unloaded before traffic, as their sidecars would), and a loop beside
 the router runs the operator's placement step on the product's own code: each engine's
 /metrics sampled into the sidecar's ``Window`` (``sidecar.observations``), the closed windows
-encoded as the sidecars' reports, then the operator's ``observed_load`` and ``decide_placement``
-(``next_k`` and ``place`` from ``plan.placement``, the rule from ``scaling_rule``). Adapters move
+encoded as the sidecars' reports, the router's last closed window of request counts per adapter
+(``GET /lorapool/requests``, the router started with ``--requests-window-s`` = the loop's window)
+encoded as its Pod's ``lorapool.io/requests`` annotation, then the operator's ``observed_load``
+and ``decide_placement`` (``next_k`` and ``place`` from ``plan.placement``, the rule from
+``scaling_rule``). Adapters move
 with the engines' runtime API (load on the new holders first, then unload from the old). The
 router is the ordinary ``lorapool router --policy affinity``: its serves-model filter sends a
 request only to replicas whose ``/v1/models`` lists the adapter, so registered = held. The
@@ -44,7 +47,9 @@ from bench.loadgen import Outcome, Planned, Workload, adapter_name, percentile, 
 from bench.scenarios import LORAPOOL_AFFINITY, LORAPOOL_PLACEMENT
 from bench.systems import FleetSpec, System
 from lorapool.api.models import LoRAPool
+from lorapool.api import requests as router_requests
 from lorapool.api.report import ANNOTATION, Observations, ReplicaReport, encode
+from lorapool.api.requests import RequestWindow
 from lorapool.controller.placement import decide_placement, observed_load, scaling_rule
 from lorapool.plan.placement import KState, shares
 from lorapool.sidecar.observations import Window, parse_sample
@@ -154,18 +159,34 @@ def report_pods(observations: Mapping[str, Observations]) -> list[dict[str, Any]
     ]
 
 
+def requests_in_simulated_time(w: RequestWindow, wall_t0: float, scale: float) -> RequestWindow:
+    """The router's window (wall seconds, ``end`` in Unix seconds) on the loop's simulated clock, which
+    starts at ``wall_t0`` (Unix seconds): rates per simulated second, as the engines' observations are."""
+    return dataclasses.replace(w, window_s=w.window_s / scale, end=(w.end - wall_t0) / scale)
+
+
+def router_pods(window: RequestWindow | None) -> list[dict[str, Any]]:
+    """The router's Pod carrying its last closed window, as the router writes it and the operator reads it."""
+    if window is None:
+        return []
+    annotations = {router_requests.ANNOTATION: router_requests.encode(window)}
+    return [{"metadata": {"name": f"{POOL_NAME}-router-0", "annotations": annotations}}]
+
+
 def decide(
     pool: LoRAPool,
     adapters: Sequence[str],
     previous: Mapping[str, KState],
     observations: Mapping[str, Observations],
     now_s: float,
+    requests: RequestWindow | None = None,
 ) -> tuple[dict[str, tuple[str, ...]], dict[str, KState]]:
-    """One placement step of the operator: load from the reports, then ``decide_placement``.
+    """One placement step of the operator: load from the reports and the router's request counts
+    (``requests``, on the same clock as ``now_s``), then ``decide_placement``.
 
     Returns holders by replica identity ("0".."N-1") and each adapter's k. Pure.
     """
-    load = observed_load(report_pods(observations))
+    load = observed_load(report_pods(observations), router_pods(requests), now_s)
     capacity = pool.spec.lora.max_cpu_loras
     if not isinstance(capacity, int):
         raise ValueError(f"spec.lora.maxCpuLoras={capacity!r}: the benchmark's pool needs a number")
@@ -243,7 +264,9 @@ class PlacementLoop:
 
     Per replica, the engine's /metrics is sampled every ``sample_s`` into the sidecar's own
     ``Window`` (simulated clock); each closed window's ``Observations`` go through the report
-    encoding to the operator's ``observed_load`` and ``decide_placement`` (``decide``). New
+    encoding to the operator's ``observed_load`` and ``decide_placement`` (``decide``), with the
+    router's last closed window of request counts (``GET /lorapool/requests``) as its Pod's
+    annotation, in simulated seconds. New
     holders load first, then old holders unload (the product's sidecars drain instead; here
     the unload follows the new holders' loads at once).
     """
@@ -260,7 +283,10 @@ class PlacementLoop:
     k_changes: list[tuple[float, str, int]] = field(default_factory=list)
     failed_calls: list[str] = field(default_factory=list)
     busiest: list[tuple[float, list[tuple[str, float | None]]]] = field(default_factory=list)  # per window
+    router: str = ""  # the router's URL: its GET /lorapool/requests feeds the rates ("" : no rates)
+    rates: list[tuple[float, float | None, list[tuple[str, float]]]] = field(default_factory=list)  # per window
     t0: float = 0.0
+    wall_t0: float = 0.0  # Unix seconds at t0 (the router dates its windows in Unix seconds)
 
     def now_s(self) -> float:
         return (time.perf_counter() - self.t0) / self.scale
@@ -311,12 +337,30 @@ class PlacementLoop:
                 if obs is not None:
                     closed[replica] = in_simulated_time(obs, self.scale)
             if len(closed) == len(self.replicas):
-                await self._step(session, closed, now)
+                await self._step(session, closed, now, await self._requests(session))
                 closed = {}
             await asyncio.sleep(self.sample_s * self.scale)
 
-    async def _step(self, session: Any, observations: Mapping[str, Observations], now: float) -> None:
-        wanted, decided = decide(self.pool, sorted(self.paths), self.state, observations, now)
+    async def _requests(self, session: Any) -> RequestWindow | None:
+        """The router's last closed window in simulated seconds; None before the first closes (404)."""
+        if not self.router:
+            return None
+        async with session.get(f"{self.router}/lorapool/requests") as resp:
+            if resp.status != 200:
+                return None
+            w = router_requests.decode(await resp.text())
+        return None if w is None else requests_in_simulated_time(w, self.wall_t0, self.scale)
+
+    async def _step(
+        self, session: Any, observations: Mapping[str, Observations], now: float, requests: RequestWindow | None
+    ) -> None:
+        wanted, decided = decide(self.pool, sorted(self.paths), self.state, observations, now, requests)
+        if requests is not None:
+            top = sorted(requests.counts, key=lambda a: (-requests.counts[a], a))[:3]
+            total = requests.total / requests.window_s
+            self.rates.append((round(now, 2), round(total, 1), [(a, round(requests.rate(a), 1)) for a in top]))
+        else:
+            self.rates.append((round(now, 2), None, []))
         for adapter, st in decided.items():
             if adapter in self.state and st.k != self.state[adapter].k:
                 self.k_changes.append((now, adapter, st.k))
@@ -376,7 +420,8 @@ async def _measure(
         snap = asyncio.create_task(snapshot())
         task = None
         if loop is not None:
-            loop.t0 = time.perf_counter()
+            loop.t0, loop.wall_t0 = time.perf_counter(), time.time()
+            loop.router = url
             task = asyncio.create_task(loop.run(session, until_s=s.workload.duration_s))
         result = await run_open_loop(url, wall_plan, drain_timeout_s=DRAIN_S * scale)
         await snap
@@ -430,6 +475,8 @@ def run_cell(s: CatalogScenario, system: System, adapter_root: Path) -> dict[str
             initial = loop.initial()
             sims = stack.enter_context(share_fleet(s.fleet, paths, shares(initial, ids)))
             loop.replicas = dict(zip(ids, sims, strict=True))
+            # the router counts requests per adapter over the loop's window (wall seconds), as the operator reads them
+            system = dataclasses.replace(system, args=(*system.args, "--requests-window-s", f"{s.window_s * scale:g}"))
         else:
             sims = stack.enter_context(sim_fleet(s.fleet, adapter_root))
         url = stack.enter_context(system.start(sims, max_cpu_loras=s.fleet.max_cpu_loras, time_scale=scale))
@@ -554,6 +601,7 @@ def placement_summary(
         "placement_failed_calls": loop.failed_calls[:20],
         "k_histogram": {str(kk): c for kk, c in sorted(ks.items())},
         "slowest_replicas": loop.busiest,
+        "request_rates": loop.rates,  # per step: (time, pool req/s, the 3 most requested with their req/s)
     }
 
 
@@ -679,6 +727,19 @@ def section(data: Mapping[str, Any], plots_dir: str = "results") -> list[str]:
     for name, runs in regime_e(data).items():
         sc = described[name]
         fleet, rule = sc["fleet"], sc.get("scaling_rule", {})
+        ttft_rule = (
+            f"when an adapter's TTFT p99 > {_f(rule.get('expand_ttft_p99_s'), 1)} s or waiting per holder >"
+            f" {_f(rule.get('expand_waiting'), 1)}, again on each window measured after the last change,"
+            " at most doubling"
+        )
+        if rule.get("pool_replicas"):  # k sized from the router's request counts (issue 11's share rule)
+            inputs = "the router's request counts per adapter and the sidecars' observations of the engines"
+            how = (
+                f"k straight to ceil(rate / ({_f(rule.get('expand_share'))} x the pool's rate per replica)),"
+                f" given back below {_f(rule.get('shrink_share'))} of it; expand too {ttft_rule}"
+            )
+        else:
+            inputs, how = "the sidecars' observations of the engines", f"expand {ttft_rule}"
         lines += [
             f"## Regime (e): a large catalog, k-of-N placement ({name})",
             "",
@@ -688,11 +749,8 @@ def section(data: Mapping[str, Any], plots_dir: str = "results") -> list[str]:
             f" {sc['slo_ttft_s']} s, {sc['workload']['duration_s']:g} s of arrivals of which the first"
             f" {sc['warmup_s']:g} s are warm-up; the popularity shifts at {sc['shift_at_s']:g} s. `{PLACEMENT}`"
             f" runs the operator's placement step (`decide_placement`, `next_k`, `place`) every"
-            f" {sc['placement_window_s']:g} s on the sidecars' observations of the engines (expand when an"
-            f" adapter's TTFT p99 > {_f(rule.get('expand_ttft_p99_s'), 1)} s or waiting per holder >"
-            f" {_f(rule.get('expand_waiting'), 1)}, again on each window measured after the last change,"
-            f" at most doubling) and moves adapters with the engines' runtime API; the others route over"
-            f" every adapter on every replica.",
+            f" {sc['placement_window_s']:g} s on {inputs} ({how}) and moves adapters with the engines' runtime"
+            " API; the others route over every adapter on every replica.",
             "",
             "| system | goodput req/s | goodput after the shift | TTFT p50 s | TTFT p99 s | disk loads /1k req"
             " | adapter loads /1k req | new hot adapter on | placement loads / unloads | failed"

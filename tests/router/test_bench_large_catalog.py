@@ -3,6 +3,7 @@ the benchmark feeds the way the operator does (sidecar observations -> reports -
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -25,12 +26,15 @@ from bench.large_catalog import (  # noqa: E402
     hottest,
     in_simulated_time,
     popularity_shift,
+    requests_in_simulated_time,
+    router_pods,
     section,
     shifted_schedule,
 )
 from bench.loadgen import Outcome, Workload, schedule  # noqa: E402
 from bench.targets import TARGETS  # noqa: E402
 from lorapool.api.report import AdapterLoad, Observations  # noqa: E402
+from lorapool.api.requests import RequestWindow, pod_requests  # noqa: E402
 from lorapool.plan.placement import KState  # noqa: E402
 
 ZIPF = Workload(rate_rps=50.0, duration_s=20.0, adapters=200, popularity="zipf", seed=3)
@@ -125,6 +129,25 @@ def test_decide_expands_an_adapter_that_kept_a_slow_replica_busy(
     observed[home] = _obs(ttft_p99_s, {hot: inflight_s})
     after, ks = decide(POOL, NAMES, SETTLED, observed, now_s=10.0)
     assert ks[hot].k == k and len(after[hot]) == k and after[hot][0] == home
+
+
+def test_decide_sizes_k_from_the_routers_request_counts_as_the_operator_does() -> None:
+    """The router's window reaches ``next_k`` through its Pod's annotation and ``observed_load``: 4 replicas
+    at 40 req/s (a mean replica's share 10), an adapter with 12 req/s needs ceil(12 / 5) = 3 holders at once."""
+    hot = NAMES[7]
+    window = RequestWindow(window_s=2.0, end=9.5, counts={hot: 24, NAMES[1]: 4}, other=52)
+    assert pod_requests(router_pods(window)[0]) == window and router_pods(None) == []
+    holders, ks = decide(POOL, NAMES, SETTLED, {}, now_s=10.0, requests=window)
+    assert ks[hot] == KState(3, 10.0) and len(holders[hot]) == 3
+    assert ks[NAMES[1]].k == 1
+    stale = dataclasses.replace(window, end=5.0)  # closed more than two windows before now: no rate
+    assert decide(POOL, NAMES, SETTLED, {}, now_s=10.0, requests=stale)[1][hot].k == 1
+
+
+def test_the_routers_window_moves_to_the_loops_simulated_clock() -> None:
+    wall = RequestWindow(window_s=16.0, end=1_000_160.0, counts={"a": 400}, other=40)
+    got = requests_in_simulated_time(wall, wall_t0=1_000_000.0, scale=8.0)
+    assert (got.window_s, got.end, got.rate("a"), got.total) == (2.0, 20.0, 200.0, 440)
 
 
 def test_observations_move_to_simulated_seconds() -> None:
