@@ -46,8 +46,8 @@ from typing import Any
 from bench.loadgen import Outcome, Planned, Workload, adapter_name, percentile, schedule
 from bench.scenarios import LORAPOOL_AFFINITY, LORAPOOL_PLACEMENT
 from bench.systems import FleetSpec, System
-from lorapool.api.models import LoRAPool
 from lorapool.api import requests as router_requests
+from lorapool.api.models import LoRAPool
 from lorapool.api.report import ANNOTATION, Observations, ReplicaReport, encode
 from lorapool.api.requests import RequestWindow
 from lorapool.controller.placement import decide_placement, observed_load, scaling_rule
