@@ -178,7 +178,8 @@ def test_a_sidecar_that_may_not_report_says_why_and_keeps_serving(
     from lorapool.testing.components import start_sidecar, start_sim
     from lorapool.testing.projection import ConfigMapVolume
 
-    wrong = local_cluster.service_account_kubeconfig(ns, f"{POOL}-router", path=tmp_path / "router-sa.kubeconfig")
+    local_cluster.kubectl("create", "serviceaccount", "no-rights", "-n", ns)  # the router's may patch pods/status
+    wrong = local_cluster.service_account_kubeconfig(ns, "no-rights", path=tmp_path / "no-rights.kubeconfig")
     pod = engine_pods(local_cluster, ns)[0]["metadata"]["name"]
     with (
         ConfigMapVolume(engines.api_client, ns, f"{POOL}-adapters", tmp_path / "cm").start() as volume,

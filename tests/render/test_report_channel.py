@@ -1,5 +1,5 @@
-"""The engine pods' side of the report channel (docs/status.md): a token for the sidecar only,
-the narrowest Role that lets it report, and the readiness gate."""
+"""The pods' side of the report channels (docs/status.md, docs/placement.md): a token for the sidecar only,
+the narrowest Role that lets it report, the readiness gate, and the router's right to write its counts."""
 
 from __future__ import annotations
 
@@ -39,3 +39,19 @@ def test_engine_pods_wait_for_their_first_adapter_sync(example_doc: dict[str, An
     assert pod["readinessGates"] == [{"conditionType": SYNCED_CONDITION}]
     kinds = [o["kind"] for o in objects]
     assert kinds.index("ServiceAccount") < kinds.index("Deployment")  # pods are refused without their account
+
+
+def test_each_router_pod_knows_itself_and_may_only_read_pods_and_patch_pod_status(example_doc: dict[str, Any]) -> None:
+    """The router writes its request counts on its own Pod (lorapool.io/requests): the downward API names
+    the Pod, and its Role adds exactly ``patch`` on ``pods/status`` to what routing reads."""
+    objects = render(example_doc)
+    router = names.router("llama3-8b")
+    (container,) = by_kind(objects, "Deployment", router)["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in container["env"]}
+    assert env["POD_NAME"] == "metadata.name" and env["POD_NAMESPACE"] == "metadata.namespace"
+    rules = by_kind(objects, "Role", router)["rules"]
+    assert rules == [
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
+    ]

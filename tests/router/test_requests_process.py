@@ -99,3 +99,17 @@ def test_the_window_flag_must_be_positive(value: str) -> None:
     args = parser.parse_args(["--backend", "http://127.0.0.1:1", "--requests-window-s", value])
     with pytest.raises(ValueError, match="--requests-window-s must be > 0"):
         settings_from(args)
+
+
+def test_the_pod_flag_names_namespace_and_name_else_the_downward_api_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    backend = ["--backend", "http://127.0.0.1:1"]
+    with pytest.raises(ValueError, match="expected NAMESPACE/NAME"):
+        settings_from(parser.parse_args([*backend, "--pod", "just-a-name"]))
+    monkeypatch.delenv("POD_NAME", raising=False)
+    assert settings_from(parser.parse_args(backend)).pod is None  # not in a pod: only the endpoint
+    monkeypatch.setenv("POD_NAME", "r-0")
+    monkeypatch.setenv("POD_NAMESPACE", "ml")
+    assert settings_from(parser.parse_args(backend)).pod == "ml/r-0"
+    assert settings_from(parser.parse_args([*backend, "--pod", "team/r-1"])).pod == "team/r-1"

@@ -109,7 +109,8 @@ The operator's rules, exactly those of deploy/rbac.yaml (tests/delivery checks t
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch, patch]
-# Held so it may grant the engine pods' Role: each sidecar patches its own Pod's status.
+# Held so it may grant the engine pods' and the routers' Roles: each sidecar (its report) and each
+# router (its request counts) patches its own Pod's status.
 - apiGroups: [""]
   resources: [pods/status]
   verbs: [patch]

@@ -526,6 +526,8 @@ def router_role(pool: LoRAPool) -> Obj:
             {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
             # The engine pods' sidecar reports (docs/status.md): the router routes by them.
             {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+            # Its request counts per adapter on its own Pod (lorapool.io/requests, docs/placement.md).
+            {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
         ],
     }
 
@@ -630,7 +632,12 @@ def router_deployment(pool: LoRAPool, plan: Plan, opts: RenderOptions) -> Obj:
             "--max-cpu-loras",
             str(plan.max_cpu_loras),
         ],
-        **({"env": env} if (env := _api_key_env(pool)) else {}),
+        "env": [
+            # The Pod it writes its request counts on (lorapool.api.requests), once per window.
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            *_api_key_env(pool),
+        ],
         "ports": [{"name": "http", "containerPort": names.ROUTER_PORT, "protocol": "TCP"}],
         "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
         "readinessProbe": {**probe, "periodSeconds": 5},

@@ -156,6 +156,13 @@ def _add_timing_flags(parser: argparse.ArgumentParser, d: RouterSettings) -> Non
         help="requests are counted per adapter over windows this long; the last closed one is served at"
         " GET /lorapool/requests (default %(default)s, as the sidecars' observation window)",
     )
+    parser.add_argument(
+        "--pod",
+        metavar="NAMESPACE/NAME",
+        help="the router's own Pod: each closed window of request counts is written on it (annotation"
+        " lorapool.io/requests, credentials from KUBECONFIG or in cluster); default $POD_NAMESPACE/$POD_NAME,"
+        " none: counts are only served at GET /lorapool/requests",
+    )
 
 
 def _add_debug_flags(parser: argparse.ArgumentParser) -> None:
@@ -170,7 +177,10 @@ def _add_debug_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def settings_from(args: argparse.Namespace) -> RouterSettings:
+    from lorapool.podstatus import PodRef
     from lorapool.router.podreports import parse_backend_pod
+
+    pod = PodRef.parse(args.pod) if args.pod else PodRef.from_env()
 
     return RouterSettings(
         host=args.host,
@@ -195,6 +205,7 @@ def settings_from(args: argparse.Namespace) -> RouterSettings:
         read_timeout_s=args.read_timeout,
         backend_header=args.backend_header,
         requests_window_s=args.requests_window_s,
+        pod=str(pod) if pod is not None else None,
     )
 
 

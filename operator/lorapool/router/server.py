@@ -12,11 +12,14 @@ import contextlib
 import logging
 import os
 import signal
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 import aiohttp
 from aiohttp import web
 
+from lorapool.podstatus import PodRef, api_server
 from lorapool.render.names import ENGINE_API_KEY_ENV
 from lorapool.router import registry
 from lorapool.router.app import build_app
@@ -24,7 +27,9 @@ from lorapool.router.endpointslices import EndpointSliceWatch, parse_target
 from lorapool.router.kubewatch import ListWatch
 from lorapool.router.podreports import parse_pods_target, pod_report_watch
 from lorapool.router.poller import Poller
+from lorapool.router.publisher import Publisher
 from lorapool.router.reports import PodFacts, backend_reports
+from lorapool.router.requestcount import RequestCounter
 from lorapool.router.scheduler import Scheduler
 from lorapool.router.settings import RouterSettings
 from lorapool.router.telemetry import Telemetry
@@ -46,6 +51,24 @@ def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
     if name == "asyncio":
         return asyncio.new_event_loop
     raise ValueError(f"--event-loop={name!r} is not uvloop or asyncio")
+
+
+def publisher_for(settings: RouterSettings, counter: RequestCounter) -> Publisher | None:
+    """The writer of the request counts on the router's own Pod, or None (no Pod, no credentials: logged)."""
+    if settings.pod is None:
+        log.info("Not publishing request counts on a Pod: no --pod and no POD_NAME/POD_NAMESPACE")
+        return None
+    from kubernetes.config import ConfigException
+
+    pod = PodRef.parse(settings.pod)
+    kubeconfig = os.environ.get("KUBECONFIG")  # as the router's watches (lorapool.kubeconfig), else in cluster
+    try:
+        server = api_server(Path(kubeconfig) if kubeconfig else None)
+    except (ValueError, OSError, ConfigException) as exc:
+        log.warning("Not publishing request counts on a Pod", extra={"kv": {"pod": str(pod), "error": str(exc)}})
+        return None
+    log.info("Publishing request counts on Pod", extra={"kv": {"pod": str(pod), "window_s": counter.window_s}})
+    return Publisher(server, pod, counter)
 
 
 def engine_auth_headers() -> dict[str, str]:
@@ -107,7 +130,9 @@ async def serve(settings: RouterSettings) -> None:
             reports.start()
             await asyncio.to_thread(reports.synced.wait, 10.0)
         await poller.poll_all()
-        app = build_app(scheduler, session, telemetry, settings)
+        counter = RequestCounter(settings.requests_window_s, time.monotonic())
+        publisher = publisher_for(settings, counter)
+        app = build_app(scheduler, session, telemetry, settings, counter)
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
         await runner.setup()
         site = web.TCPSite(runner, settings.host, settings.port, backlog=1024)
@@ -125,6 +150,7 @@ async def serve(settings: RouterSettings) -> None:
         )
         polling = loop.create_task(poller.run())
         stop = asyncio.Event()
+        publishing = loop.create_task(publisher.run(stop)) if publisher is not None else None
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         try:
@@ -134,6 +160,10 @@ async def serve(settings: RouterSettings) -> None:
             polling.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await polling
+            if publishing is not None:  # a write in flight is dropped: the counts are a rate, not a ledger
+                publishing.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await publishing
             if watch is not None:
                 watch.stop()
             if reports is not None:

@@ -71,6 +71,9 @@ class RouterSettings:
     # the annotation lorapool.io/requests): 60 as the sidecars' observation window, so placement
     # reads rates and engine observations over the same span.
     requests_window_s: float = 60.0
+    # NAMESPACE/NAME of the router's own Pod: each closed window is written on it (annotation
+    # lorapool.io/requests) for the operator's placement; None: only GET /lorapool/requests.
+    pod: str | None = None
 
     def __post_init__(self) -> None:
         if not (self.requests_window_s > 0 and math.isfinite(self.requests_window_s)):

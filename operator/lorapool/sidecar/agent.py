@@ -29,6 +29,7 @@ from lorapool.api.adapterset import AdapterSet, DesiredAdapter
 from lorapool.api.peft import parse_adapter_config
 from lorapool.api.report import ANNOTATION, SYNCED_CONDITION, encode
 from lorapool.errors import AdapterError, SourceError, UnsafePathError
+from lorapool.podstatus import PodRef, api_server
 from lorapool.render.names import ENGINE_API_KEY_ENV
 from lorapool.sidecar.core import (
     UNLOAD,
@@ -56,7 +57,7 @@ from lorapool.sidecar.core import (
 )
 from lorapool.sidecar.engine import EngineClient, EngineError
 from lorapool.sidecar.metrics import SidecarMetrics
-from lorapool.sidecar.reporter import Observer, PodRef, Reporter, api_server
+from lorapool.sidecar.reporter import Observer, Reporter
 from lorapool.sources import AdapterStore, ChecksumMismatch, Downloader, Fetched, Limits, SourceOptions, redact_url
 from lorapool.sources.layout import CONFIG_FILE
 

@@ -76,8 +76,8 @@ def run(args: argparse.Namespace) -> int:
     import signal
 
     from lorapool import logs
+    from lorapool.podstatus import PodRef
     from lorapool.sidecar.agent import Agent, Settings
-    from lorapool.sidecar.reporter import PodRef
     from lorapool.sources import Limits
 
     logs.setup(args.log_level)

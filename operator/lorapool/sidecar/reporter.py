@@ -8,9 +8,10 @@ namespace and nothing else. ``core.Pacer`` decides when: nothing while nothing c
 most one write per ``min_interval_s`` while adapters load, retries with backoff.
 
 Credentials: ``--report-kubeconfig`` (local playground and tests: a ServiceAccount token
-kubeconfig), else in-cluster (``KUBERNETES_SERVICE_HOST`` and the token file, re-read before
-each write because the kubelet rotates it). The Pod: ``--pod NAMESPACE/NAME``, else
-``$POD_NAMESPACE``/``$POD_NAME`` from the downward API. Without a Pod, reporting is off.
+kubeconfig), else in-cluster. The Pod: ``--pod NAMESPACE/NAME``, else
+``$POD_NAMESPACE``/``$POD_NAME`` from the downward API. Without a Pod, reporting is off. The
+patch itself, the credentials and ``PodRef`` live in ``lorapool.podstatus``, shared with the
+router, which writes its request counts on its own Pod the same way (re-exported here).
 
 ``Observer`` scrapes the engine's own ``/metrics`` next to the sidecar (loopback in the pod)
 every ``sample_s`` and keeps the last closed window's ``Observations`` (``sidecar.observations``);
@@ -23,78 +24,21 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
-import ssl
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from lorapool.api.report import Observations
+from lorapool.podstatus import ApiServer, PodRef, api_server, patch_status
+from lorapool.podstatus import session as api_session
 from lorapool.sidecar.core import Pacer
 from lorapool.sidecar.observations import Window, parse_sample
 
 log = logging.getLogger("lorapool.sidecar")
 
-TOKEN_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-
-
-@dataclass(frozen=True)
-class PodRef:
-    namespace: str
-    name: str
-
-    @classmethod
-    def parse(cls, text: str) -> PodRef:
-        namespace, sep, name = text.partition("/")
-        if not sep or not namespace or not name:
-            raise ValueError(f"--pod {text!r}: expected NAMESPACE/NAME, e.g. default/llama3-8b-engine-7d9f-abcde")
-        return cls(namespace, name)
-
-    @classmethod
-    def from_env(cls) -> PodRef | None:
-        name, namespace = os.environ.get("POD_NAME"), os.environ.get("POD_NAMESPACE")
-        return cls(namespace, name) if name and namespace else None
-
-
-@dataclass(frozen=True)
-class ApiServer:
-    """Where and as whom to write: base URL, TLS context, and a token read when needed."""
-
-    url: str
-    ssl_context: ssl.SSLContext
-    token: Callable[[], str | None]
-
-
-def api_server(kubeconfig: Path | None) -> ApiServer:
-    """Credentials from ``kubeconfig`` when given, else in-cluster; raises ValueError saying what is missing."""
-    if kubeconfig is not None:
-        from kubernetes import client, config
-
-        conf = client.Configuration()
-        config.load_kube_config(config_file=str(kubeconfig), client_configuration=conf)
-        ctx = ssl.create_default_context(cafile=conf.ssl_ca_cert) if conf.ssl_ca_cert else ssl.create_default_context()
-        if conf.cert_file and conf.key_file:
-            ctx.load_cert_chain(conf.cert_file, conf.key_file)
-        header = (conf.api_key or {}).get("authorization") or (conf.api_key or {}).get("BearerToken")
-        static = header.partition(" ")[2] if header and " " in header else header
-        return ApiServer(conf.host.rstrip("/"), ctx, lambda: static)
-    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-    if not host:
-        raise ValueError("no --report-kubeconfig and not in a cluster (KUBERNETES_SERVICE_HOST unset)")
-    token_file = TOKEN_DIR / "token"
-
-    def token() -> str | None:
-        with contextlib.suppress(OSError):
-            return token_file.read_text().strip()
-        return None
-
-    ctx = ssl.create_default_context(cafile=str(TOKEN_DIR / "ca.crt"))
-    return ApiServer(f"https://{host}:{port}" if ":" not in host else f"https://[{host}]:{port}", ctx, token)
-
+__all__ = ["ApiServer", "Build", "Observer", "PodRef", "Reporter", "api_server"]
 
 Build = Callable[[], dict[str, Any]]  # -> the strategic-merge patch body to send
 
@@ -123,34 +67,24 @@ class Reporter:
 
     @property
     def path(self) -> str:
-        return f"/api/v1/namespaces/{self.pod.namespace}/pods/{self.pod.name}/status"
+        return self.pod.status_path
 
     async def run(self, stop: asyncio.Event) -> None:
-        connector = aiohttp.TCPConnector(ssl=self.server.ssl_context)
-        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        async with api_session(self.server, self.timeout_s) as http:
             while not stop.is_set():
                 document = json.dumps(self.build(), sort_keys=True)
                 due = self.pacer.next_write_at(document, time.monotonic())
                 if due is not None and due <= time.monotonic():
-                    await self._send(session, document)
+                    await self._send(http, document)
                     continue
                 wait = self.check_s if due is None else min(self.check_s, due - time.monotonic())
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), max(wait, 0.01))
 
-    async def _send(self, session: aiohttp.ClientSession, document: str) -> None:
-        headers = {"Content-Type": "application/strategic-merge-patch+json", "Accept": "application/json"}
-        if token := self.server.token():
-            headers["Authorization"] = f"Bearer {token}"
-        try:
-            async with session.patch(self.server.url + self.path, data=document, headers=headers) as resp:
-                if resp.status >= 400:
-                    body = (await resp.text())[:500]
-                    raise RuntimeError(f"HTTP {resp.status}: {body}")
-        except (aiohttp.ClientError, TimeoutError, RuntimeError, OSError) as exc:
+    async def _send(self, http: aiohttp.ClientSession, document: str) -> None:
+        error = await patch_status(http, self.server, self.pod, document)
+        if error is not None:
             self.pacer = self.pacer.failed(time.monotonic())
-            error = f"{type(exc).__name__}: {exc}" if not isinstance(exc, RuntimeError) else str(exc)
             if error != self.last_error:
                 log.warning(
                     "Failed to report adapters on Pod",

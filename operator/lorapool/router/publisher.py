@@ -1,0 +1,89 @@
+"""Write each closed window of request counts on the router's own Pod (shell).
+
+One strategic-merge patch of ``pods/<self>/status`` per closed window, carrying the annotation
+``lorapool.io/requests`` (``api.requests``), which the operator sums over its pool's router pods
+into each adapter's request rate for placement. One write per router pod per window, never one
+per request; with the default 60 s window a pool of 3 routers costs 3 writes a minute.
+
+A failed write is logged once per distinct reason (no credentials in it) and not retried on its
+own: the next window, a fresher one, is written at its close. Serving never waits on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable
+
+import aiohttp
+
+from lorapool.api.requests import ANNOTATION, RequestWindow, encode
+from lorapool.podstatus import ApiServer, PodRef, patch_status
+from lorapool.podstatus import session as api_session
+from lorapool.router.requestcount import RequestCounter
+
+log = logging.getLogger("lorapool.router.publisher")
+
+# Past a window's end before writing it: the counter closes windows on the clock, so the
+# publisher wakes just after the boundary rather than on it.
+LATE_S = 0.01
+
+
+def patch_document(window: RequestWindow) -> str:
+    """The Pod status patch that publishes ``window``."""
+    return json.dumps({"metadata": {"annotations": {ANNOTATION: encode(window)}}}, separators=(",", ":"))
+
+
+class Publisher:
+    """Writes ``counter``'s last closed window on ``pod`` each time one closes."""
+
+    def __init__(
+        self,
+        server: ApiServer,
+        pod: PodRef,
+        counter: RequestCounter,
+        *,
+        timeout_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.server, self.pod, self.counter = server, pod, counter
+        self.timeout_s = timeout_s
+        self.clock, self.wall = clock, wall
+        self.sent: RequestWindow | None = None  # the last window written
+        self.writes = 0
+        self.failures = 0
+        self.last_error: str | None = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        async with api_session(self.server, self.timeout_s) as http:
+            while not stop.is_set():
+                wait_s = self.counter.closes_at_s - self.clock() + LATE_S
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), max(wait_s, LATE_S))
+                if stop.is_set():
+                    return
+                self.counter.roll(self.clock(), self.wall())
+                window = self.counter.last  # GET /lorapool/requests may have closed it already
+                if window is not None and window is not self.sent:
+                    await self._write(http, window)
+
+    async def _write(self, http: aiohttp.ClientSession, window: RequestWindow) -> None:
+        error = await patch_status(http, self.server, self.pod, patch_document(window))
+        if error is not None:
+            self.failures += 1
+            if error != self.last_error:
+                log.warning(
+                    "Failed to publish request counts on Pod; retrying with the next window",
+                    extra={"kv": {"pod": str(self.pod), "error": error}},
+                )
+            self.last_error = error
+            return
+        self.sent = window
+        self.writes += 1
+        if self.last_error is not None:
+            log.info("Published request counts on Pod again", extra={"kv": {"pod": str(self.pod)}})
+        self.last_error = None

@@ -1,0 +1,125 @@
+"""The router writes its request counts on its own Pod, through a real API server, as its rendered Role allows.
+
+Real parts: the local control plane, a ``lorapool sim`` process, and ``lorapool router`` running
+as the ServiceAccount bound to the Role the operator renders for it (so the test also proves
+that Role suffices), driven by the official openai client. The router starts before its Pod
+exists: its writes fail (logged), it serves regardless, and once the Pod exists the next
+window lands on it as the annotation ``lorapool.io/requests``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from lorapool.api.models import LoRAPool
+from lorapool.api.requests import ANNOTATION, RequestWindow, pod_requests
+from lorapool.cluster import LocalCluster
+from lorapool.cluster.pytest_plugin import CLUSTER_START_S
+from lorapool.render import manifests, names
+from lorapool.testing.components import start_router
+from lorapool.testing.wait import wait_until
+
+from .conftest import StartSim
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(CLUSTER_START_S + 120)]
+
+POOL = "counts"
+ROUTER_POD = f"{POOL}-router-0"
+WINDOW_S = 1.0
+
+
+@pytest.fixture
+def router_account(local_cluster: LocalCluster) -> Iterator[tuple[str, Any, Path]]:
+    """A namespace with the router's rendered ServiceAccount, Role and RoleBinding; yields
+    (namespace, admin client, the router's kubeconfig)."""
+    from kubernetes import client as k8s
+    from kubernetes import config
+
+    api = config.new_client_from_config(config_file=str(local_cluster.kubeconfig))
+    ns = f"router-counts-{uuid.uuid4().hex[:6]}"
+    core, rbac = k8s.CoreV1Api(api), k8s.RbacAuthorizationV1Api(api)
+    core.create_namespace({"metadata": {"name": ns}})
+    pool = LoRAPool.model_validate(
+        {
+            "apiVersion": "lorapool.io/v1alpha1",
+            "kind": "LoRAPool",
+            "metadata": {"name": POOL, "namespace": ns, "uid": "00000000-0000-0000-0000-000000000002"},
+            "spec": {
+                "baseModel": {"name": "meta-llama/Meta-Llama-3-8B-Instruct", "source": "hf://meta-llama/x"},
+                "gpu": {"product": "A100-80GB"},
+            },
+        }
+    )
+    core.create_namespaced_service_account(ns, _unowned(manifests.router_serviceaccount(pool)))
+    rbac.create_namespaced_role(ns, _unowned(manifests.router_role(pool)))
+    rbac.create_namespaced_role_binding(ns, _unowned(manifests.router_rolebinding(pool)))
+    kubeconfig = local_cluster.service_account_kubeconfig(ns, names.router(POOL))
+    yield ns, api, kubeconfig
+    core.delete_namespace(ns)
+    api.close()
+
+
+def _unowned(obj: dict[str, Any]) -> dict[str, Any]:
+    obj["metadata"].pop("ownerReferences", None)  # no LoRAPool object exists here to own them
+    return obj
+
+
+def test_the_router_writes_each_closed_window_on_its_own_pod(
+    router_account: tuple[str, Any, Path], start_sim: StartSim
+) -> None:
+    from kubernetes import client as k8s
+
+    ns, api, kubeconfig = router_account
+    core = k8s.CoreV1Api(api)
+    sim = start_sim(time_scale=0)
+    extra = ["--requests-window-s", f"{WINDOW_S:g}", "--pod", f"{ns}/{ROUTER_POD}", "--poll-interval", "0.2"]
+    with start_router([sim], extra=extra, env={"KUBECONFIG": str(kubeconfig)}) as router:
+        chat = openai.OpenAI(base_url=f"{router.url}/v1", api_key="unused", max_retries=0, timeout=30)
+
+        # No Pod yet: the write fails and is logged; serving does not notice.
+        wait_until(
+            "the router to log its failed write",
+            lambda: "Failed to publish request counts on Pod" in router.proc.output(),
+            timeout_s=30,
+            describe=router.proc.output,
+        )
+        assert chat.completions.create(model="code", prompt="hi", max_tokens=1).choices  # maybe never written
+
+        core.create_namespaced_pod(
+            ns,
+            {
+                "metadata": {"name": ROUTER_POD, "labels": names.labels(POOL, "router")},
+                "spec": {"containers": [{"name": "router", "image": "lorapool"}]},
+            },
+        )
+        for model in ("sql", "sql", "sql", "chat"):
+            chat.completions.create(model=model, prompt="hi", max_tokens=1)
+
+        # The requests may straddle a window's end: sum the distinct windows seen on the Pod.
+        seen: dict[float, RequestWindow] = {}
+
+        def counted_on_the_pod() -> bool:
+            pod = api.sanitize_for_serialization(core.read_namespaced_pod(ROUTER_POD, ns))
+            if (w := pod_requests(pod)) is not None:
+                seen[w.end] = w
+            total: Counter[str] = Counter()
+            for w in seen.values():
+                total.update(w.counts)
+            return total["sql"] == 3 and total["chat"] == 1 and set(total) <= {"sql", "chat", "code"}
+
+        wait_until(
+            f"the Pod's {ANNOTATION} windows to count 3 sql and 1 chat",
+            counted_on_the_pod,
+            timeout_s=30,
+            max_interval_s=0.1,
+            describe=lambda: (seen, router.proc.output()[-2000:]),
+        )
+        assert all(w.window_s == WINDOW_S for w in seen.values())
+        assert "Published request counts on Pod again" in router.proc.output()
