@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from lorapool.api.requests import RequestWindow
+from lorapool.api.requests import MAX_ADAPTERS, RequestWindow, decode, encode
 from lorapool.router.requestcount import RequestCounter
 
 WALL0 = 1_760_000_000.0  # the wall clock when the monotonic clock reads 0
@@ -105,3 +105,17 @@ def test_a_flood_of_random_names_keeps_memory_bounded() -> None:
 def test_a_window_must_be_positive(window_s: float) -> None:
     with pytest.raises(ValueError, match="--requests-window-s must be > 0"):
         RequestCounter(window_s, 0.0)
+
+
+def test_a_hot_adapter_first_seen_after_a_long_tail_is_still_published_by_name() -> None:
+    counter = RequestCounter(60.0, 0.0)  # the default bound
+    for i in range(MAX_ADAPTERS + 1_000):  # a long tail, one request each, before the hot adapter's first
+        counter.count(f"tail-{i:05d}", is_adapter=True, known=True, now_s=1.0, wall_s=WALL0)
+    for _ in range(50):
+        counter.count("hot", is_adapter=True, known=True, now_s=2.0, wall_s=WALL0)
+    closed = counter.roll(60.0, WALL0 + 60)
+    assert closed is not None
+    published = decode(encode(closed))
+    assert published is not None
+    assert published.counts["hot"] == 50 and len(published.counts) == MAX_ADAPTERS
+    assert published.total == MAX_ADAPTERS + 1_000 + 50

@@ -8,7 +8,9 @@ times the windows, ``wall_s`` (Unix seconds, read at the same moment) dates thei
 
 Memory is bounded whatever clients send: base-model requests are not counted, a name no
 backend knows as an adapter (a typo, random names) is only summed in ``other``, and at most
-``max_adapters`` distinct adapters are counted by name per window, the rest summed in ``other``.
+``max_adapters`` distinct adapters are counted by name per window (first come), the rest summed
+in ``other``. The default keeps 5x what is published (``encode`` names the ``MAX_ADAPTERS``
+busiest), so a hot adapter first seen late in a window with a long tail is still named: ~1 MB.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ import math
 
 from lorapool.api.requests import MAX_ADAPTERS, RequestWindow
 
+MAX_COUNTED = 5 * MAX_ADAPTERS  # adapters counted by name per window
+
 
 class RequestCounter:
     """The open window's counts and the last closed window; windows are ``window_s`` apart from ``start_s``."""
 
-    def __init__(self, window_s: float, start_s: float, *, max_adapters: int = MAX_ADAPTERS) -> None:
+    def __init__(self, window_s: float, start_s: float, *, max_adapters: int = MAX_COUNTED) -> None:
         if not (window_s > 0 and math.isfinite(window_s)):
             raise ValueError(f"--requests-window-s must be > 0 seconds (and finite), got {window_s:g}")
         if max_adapters < 0:
