@@ -324,16 +324,35 @@ def test_observed_load_carries_each_adapters_rate_and_the_pools_beside_the_repor
 
 def test_auto_k_goes_straight_to_the_holders_the_adapters_share_needs() -> None:
     """16 replicas at 200 req/s: a mean replica's share is 12.5 req/s; an adapter with 27 req/s needs
-    ceil(27 / (0.5 x 12.5)) = 5 holders, in one step (the TTFT rule alone would double: 2, 4, 8)."""
+    ceil(27 / (0.25 x 12.5)) = 9 holders, in one step (the TTFT rule alone would double: 2, 4, 8)."""
     p = pool(40, replicas=16, scaleDownCooldownSeconds=300)
-    counts = {"a3": 270, "a7": 20}
+    counts = {"a3": 270, "a7": 30}
     routers = [router("r0", window(1000.0, counts, other=2000 - 290)), router("r1", None)]
     load = observed_load([], routers, now=1002.0)
     got = decide_placement(p, names_of(40), 8, {}, load, now=1002.0)
-    assert got.k["a3"] == KState(5, 1002.0) and len(got.holders["a3"]) == 5  # type: ignore[index]
-    assert got.k["a7"].k == 1 and got.k["a0"].k == 1
+    assert got.k["a3"] == KState(9, 1002.0) and len(got.holders["a3"]) == 9  # type: ignore[index]
+    assert got.k["a7"].k == 1 and got.k["a0"].k == 1  # 3 req/s: under a quarter of 12.5
     rule = scaling_rule(p)
-    assert (rule.pool_replicas, rule.expand_share, rule.shrink_share, rule.min_fair_rps) == (16, 0.5, 0.25, 1.0)
+    assert (rule.pool_replicas, rule.expand_share, rule.shrink_share, rule.min_fair_rps) == (16, 0.25, 0.125, 2.0)
+
+
+@pytest.mark.parametrize(
+    ("counts", "other", "k"),
+    [
+        pytest.param({"a3": 3}, 1, 1, id="0.3-of-0.4-req/s-stays-on-one-replica"),
+        pytest.param({"a3": 6}, 2, 2, id="0.6-req/s-gets-a-second(0.6/(0.25x2))"),
+        pytest.param({"a3": 12}, 4, 3, id="1.2-of-1.6-req/s-gets-three-not-all-16"),
+    ],
+)
+def test_a_nearly_idle_pool_spreads_only_past_half_a_request_per_second_per_holder(
+    counts: dict[str, int], other: int, k: int
+) -> None:
+    """16 replicas carrying under 2 req/s: f is floored at 2 req/s per replica, so a few requests that
+    are most of a quiet pool's traffic do not ask for every replica (unfloored: 0.3 / (0.25 x 0.025) = 48)."""
+    p = pool(40, replicas=16)
+    load = observed_load([], [router("r0", window(1000.0, counts, other=other))], now=1001.0)
+    got = decide_placement(p, names_of(40), 8, {}, load, now=1001.0)
+    assert got.k["a3"].k == k
 
 
 # --- through decide and pool_status ----------------------------------------------------------

@@ -336,8 +336,8 @@ def test_the_budget_never_touches_shrinks_or_an_expansion_that_fits() -> None:
 # --- k sized from the adapter's share of the traffic ----------------------------------------------
 
 # 16 replicas, 200 req/s: a mean replica's share f = 12.5 req/s; expand past 0.5 f = 6.25 req/s per
-# holder, shrink below 0.25 f = 3.125 req/s per holder.
-RATE_RULE = dataclasses.replace(RULE, k_max=16, pool_replicas=16, expand_share=0.5, shrink_share=0.25)
+# holder, shrink below 0.25 f = 3.125 req/s per holder; f floored at 1 req/s.
+RATE_RULE = dataclasses.replace(RULE, k_max=16, pool_replicas=16, expand_share=0.5, shrink_share=0.25, min_fair_rps=1.0)
 
 
 def rated(rps: float, pool_rps: float = 200.0, ttft: float | None = None, waiting: float = 0.0) -> AdapterLoad:

@@ -133,9 +133,9 @@ def test_decide_expands_an_adapter_that_kept_a_slow_replica_busy(
 
 def test_decide_sizes_k_from_the_routers_request_counts_as_the_operator_does() -> None:
     """The router's window reaches ``next_k`` through its Pod's annotation and ``observed_load``: 4 replicas
-    at 40 req/s (a mean replica's share 10), an adapter with 12 req/s needs ceil(12 / 5) = 3 holders at once."""
+    at 40 req/s (a mean replica's share 10), an adapter with 6 req/s needs ceil(6 / 2.5) = 3 holders at once."""
     hot = NAMES[7]
-    window = RequestWindow(window_s=2.0, end=9.5, counts={hot: 24, NAMES[1]: 4}, other=52)
+    window = RequestWindow(window_s=2.0, end=9.5, counts={hot: 12, NAMES[1]: 4}, other=64)
     assert pod_requests(router_pods(window)[0]) == window and router_pods(None) == []
     holders, ks = decide(POOL, NAMES, SETTLED, {}, now_s=10.0, requests=window)
     assert ks[hot] == KState(3, 10.0) and len(holders[hot]) == 3

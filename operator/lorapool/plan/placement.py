@@ -201,9 +201,9 @@ class ScalingRule:
     k_max: int = 1_000_000
     max_new_copies: int | None = None
     pool_replicas: int = 0  # n, for the fair share f = the pool's rate / n; 0: k is not sized from rates
-    expand_share: float = 0.5
-    shrink_share: float = 0.25
-    min_fair_rps: float = 1.0  # floor on f: below it the pool counts as nearly idle
+    expand_share: float = 0.25
+    shrink_share: float = 0.125
+    min_fair_rps: float = 2.0  # floor on f: below it the pool counts as nearly idle
 
     def __post_init__(self) -> None:
         problems = []
