@@ -1,5 +1,6 @@
 """The Helm chart rendered by the real helm CLI: lint, Kubernetes schemas, RBAC parity with
-deploy/rbac.yaml, CRD parity with crds/, image and version consistency, values schema."""
+deploy/rbac.yaml, admission-policy parity with deploy/admission-policy.yaml, CRD parity with
+crds/, image and version consistency, values schema."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "workloadImage": "registry.example/lorapool:custom",
     },
     "own-service-account": {"serviceAccount.create": False, "serviceAccount.name": "ops-sa"},
+    "no-admission-policy": {"admissionPolicy.enabled": False},
     "scheduling": {
         "nodeSelector": {"pool": "system"},
         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "system", "effect": "NoSchedule"}],
@@ -97,6 +99,47 @@ def test_rbac_rules_equal_deploy_rbac_yaml() -> None:
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": OPERATOR}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": OPERATOR, "namespace": "lorapool-system"}]
     assert one(docs, "ServiceAccount", OPERATOR)["metadata"]["namespace"] == "lorapool-system"
+
+
+POLICY_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+
+
+def test_admission_policy_equals_deploy_admission_policy_yaml() -> None:
+    """The kubectl path (deploy/) and the chart install the same policy and binding; the cluster test
+    (tests/controller/test_admission_policy.py) applies deploy/'s copy."""
+    deployed = [d for d in yaml.safe_load_all((REPO / "deploy" / "admission-policy.yaml").read_text()) if d]
+    assert [d["kind"] for d in deployed] == list(POLICY_KINDS)
+    rendered = [d for d in template() if d["kind"] in POLICY_KINDS]
+    assert [d["kind"] for d in rendered] == list(POLICY_KINDS)
+    for mine, theirs in zip(deployed, rendered, strict=True):
+        assert mine["apiVersion"] == theirs["apiVersion"] == "admissionregistration.k8s.io/v1"
+        assert mine["metadata"]["name"] == theirs["metadata"]["name"] == "lorapool-own-pod-status"
+        assert mine["spec"] == theirs["spec"], mine["kind"]
+    policy, binding = rendered
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    assert policy["spec"]["matchConstraints"]["resourceRules"] == [
+        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["pods/status"]}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("values", "rendered"),
+    [({}, True), ({"admissionPolicy.enabled": False}, False)],
+    ids=["default-on", "disabled"],
+)
+def test_admission_policy_is_on_by_default_and_can_be_turned_off(values: dict[str, Any], rendered: bool) -> None:
+    docs = template(values)
+    for kind in POLICY_KINDS:
+        assert len(find(docs, kind)) == (1 if rendered else 0), kind
+
+
+def test_admission_policy_names_follow_the_release() -> None:
+    """Cluster-scoped: two releases must not fight over one name."""
+    docs = template(release="team-b")
+    policy = one(docs, "ValidatingAdmissionPolicy")
+    assert policy["metadata"]["name"] == "team-b-lorapool-own-pod-status"
+    assert one(docs, "ValidatingAdmissionPolicyBinding")["spec"]["policyName"] == policy["metadata"]["name"]
 
 
 def test_watch_namespaces_get_the_same_rules_as_roles_and_no_cluster_grant() -> None:

@@ -285,14 +285,19 @@ class LocalCluster:
         name: str,
         path: Path | None = None,
         expiration_s: int = 3600,
+        bound_pod: tuple[str, str] | None = None,
     ) -> Path:
         """Mint a token for an existing ServiceAccount with the TokenRequest API and write a
-        kubeconfig that uses it, so code can be tested with exactly that account's RBAC."""
-        body = {
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenRequest",
-            "spec": {"expirationSeconds": max(expiration_s, 600)},
-        }
+        kubeconfig that uses it, so code can be tested with exactly that account's RBAC.
+
+        ``bound_pod`` (name, uid) binds the token to that Pod (it must run as this account), as the kubelet
+        binds the tokens it projects: the API server then authenticates it with the Pod's name in
+        ``authentication.kubernetes.io/pod-name`` (and only while that Pod exists)."""
+        spec: dict[str, Any] = {"expirationSeconds": max(expiration_s, 600)}
+        if bound_pod is not None:
+            pod_name, pod_uid = bound_pod
+            spec["boundObjectRef"] = {"kind": "Pod", "apiVersion": "v1", "name": pod_name, "uid": pod_uid}
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
         status, answer = self._api().request(
             "POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token", body
         )
@@ -300,7 +305,8 @@ class LocalCluster:
             raise ClusterError(
                 f"TokenRequest for ServiceAccount {namespace}/{name} failed with HTTP {status}: {_message(answer)}"
             )
-        target = path or self.layout.component_kubeconfig(f"sa-{namespace}-{name}")
+        suffix = f"-{bound_pod[0]}" if bound_pod is not None else ""
+        target = path or self.layout.component_kubeconfig(f"sa-{namespace}-{name}{suffix}")
         config = manifests.kubeconfig(
             self.server,
             self.layout.cert("ca"),
