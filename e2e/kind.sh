@@ -46,6 +46,18 @@ kind get clusters 2>/dev/null | grep -qx "$CLUSTER" || kind create cluster --nam
 kind get kubeconfig --name "$CLUSTER" > "$KUBECONFIG_FILE"
 export KUBECONFIG=$KUBECONFIG_FILE
 
+echo "--- the own-pod-status admission policy (deploy/admission-policy.yaml)"
+# The chart installs it (admissionPolicy.enabled, on by default), so on kind the sidecars' and routers'
+# reports pass it with the tokens the kubelet projects: the pool in tests/e2e becomes Ready only if they
+# do. ValidatingAdmissionPolicy is admissionregistration.k8s.io/v1 from Kubernetes 1.30; the kubectl
+# path's copy must be accepted as it is (its CEL type-checked by the API server).
+SERVER_MINOR=$(kubectl version -o json | python3 -c 'import json, sys; print(json.load(sys.stdin)["serverVersion"]["minor"].rstrip("+"))')
+if [ "${SERVER_MINOR:-0}" -lt 30 ] 2>/dev/null; then
+  echo "kind.sh: Kubernetes >= 1.30 is needed (ValidatingAdmissionPolicy v1); the kind node runs 1.$SERVER_MINOR" >&2
+  exit 1
+fi
+kubectl apply --dry-run=server -f deploy/admission-policy.yaml
+
 echo "--- images $IMAGE and $SIM_IMAGE"
 docker build --target runtime -t "$IMAGE" .
 docker build --target sim -t "$SIM_IMAGE" .

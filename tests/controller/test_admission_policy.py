@@ -10,6 +10,7 @@ a Pod as the kubelet binds them or unbound; the writes go through the product's 
 
 The policy is the deploy/ copy with its binding scoped to this test's namespace and its own
 names: other tests of the session write reports with unbound tokens. It is deleted at the end.
+It also keeps the labels of a lorapool Pod as they are (a report never changes them).
 """
 
 from __future__ import annotations
@@ -223,6 +224,22 @@ def test_dropping_the_pool_label_in_the_same_patch_does_not_escape(
     answer = write(guarded.engine_a, ns, ENGINE_B, escape)
     assert refused(answer, guarded.policy, ENGINE_A, f"{ns}/{ENGINE_B}"), answer
     assert pod(local_cluster, ns, ENGINE_B)["metadata"]["labels"][names.POOL_LABEL] == POOL
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [{names.POOL_LABEL: None}, {"app.kubernetes.io/component": "router"}, {"extra": "x"}],
+    ids=["drop-pool-label", "change-component", "add-label"],
+)
+def test_a_token_bound_to_its_pod_may_not_change_that_pods_labels(
+    local_cluster: LocalCluster, guarded: Guarded, labels: dict[str, str | None]
+) -> None:
+    """Its report is an annotation and a condition; the labels select the pod into the pool's Services."""
+    ns = guarded.namespace
+    before = pod(local_cluster, ns, ENGINE_A)["metadata"]["labels"]
+    answer = write(guarded.engine_a, ns, ENGINE_A, json.dumps({"metadata": {"labels": labels}}))
+    assert answer is not None and answer.startswith("HTTP 403") and "may not change a Pod's labels" in answer, answer
+    assert pod(local_cluster, ns, ENGINE_A)["metadata"]["labels"] == before
 
 
 def test_an_unbound_token_of_the_engine_account_is_refused_even_on_a_pod_it_runs(guarded: Guarded) -> None:
