@@ -110,39 +110,39 @@ def guarded(local_cluster: LocalCluster, operator_env: Path) -> Iterator[Guarded
     api = config.new_client_from_config(config_file=str(local_cluster.kubeconfig))
     core, rbac = k8s.CoreV1Api(api), k8s.RbacAuthorizationV1Api(api)
     ns = f"own-pod-{uuid.uuid4().hex[:6]}"
-    core.create_namespace({"metadata": {"name": ns}})
-    pool = LoRAPool.model_validate(
-        {
-            "apiVersion": "lorapool.io/v1alpha1",
-            "kind": "LoRAPool",
-            "metadata": {"name": POOL, "namespace": ns, "uid": "00000000-0000-0000-0000-000000000003"},
-            "spec": {
-                "baseModel": {"name": "meta-llama/Meta-Llama-3-8B-Instruct", "source": "hf://meta-llama/x"},
-                "gpu": {"product": "A100-80GB"},
-            },
-        }
-    )
-    engine, router = names.engine_service_account(POOL), names.router(POOL)
-    for account, role, binding in (
-        (manifests.engine_serviceaccount, manifests.engine_role, manifests.engine_rolebinding),
-        (manifests.router_serviceaccount, manifests.router_role, manifests.router_rolebinding),
-    ):
-        core.create_namespaced_service_account(ns, _unowned(account(pool)))
-        rbac.create_namespaced_role(ns, _unowned(role(pool)))
-        rbac.create_namespaced_role_binding(ns, _unowned(binding(pool)))
-    uids = {}
-    for name, account, labels in (
-        (ENGINE_A, engine, names.labels(POOL, "engine")),
-        (ENGINE_B, engine, names.labels(POOL, "engine")),
-        (ROUTER, router, names.labels(POOL, "router")),
-        (OTHER, engine, {"app": "someone-else"}),
-    ):
-        uids[name] = core.create_namespaced_pod(ns, _pod(name, account, labels)).metadata.uid
-
     objects = scoped_policy(ns)
     policy = objects[0]["metadata"]["name"]
-    local_cluster.kubectl("apply", "-f", "-", input_text=yaml.safe_dump_all(objects))
+    core.create_namespace({"metadata": {"name": ns}})
     try:
+        pool = LoRAPool.model_validate(
+            {
+                "apiVersion": "lorapool.io/v1alpha1",
+                "kind": "LoRAPool",
+                "metadata": {"name": POOL, "namespace": ns, "uid": "00000000-0000-0000-0000-000000000003"},
+                "spec": {
+                    "baseModel": {"name": "meta-llama/Meta-Llama-3-8B-Instruct", "source": "hf://meta-llama/x"},
+                    "gpu": {"product": "A100-80GB"},
+                },
+            }
+        )
+        engine, router = names.engine_service_account(POOL), names.router(POOL)
+        for account, role, binding in (
+            (manifests.engine_serviceaccount, manifests.engine_role, manifests.engine_rolebinding),
+            (manifests.router_serviceaccount, manifests.router_role, manifests.router_rolebinding),
+        ):
+            core.create_namespaced_service_account(ns, _unowned(account(pool)))
+            rbac.create_namespaced_role(ns, _unowned(role(pool)))
+            rbac.create_namespaced_role_binding(ns, _unowned(binding(pool)))
+        uids = {}
+        for name, account, labels in (
+            (ENGINE_A, engine, names.labels(POOL, "engine")),
+            (ENGINE_B, engine, names.labels(POOL, "engine")),
+            (ROUTER, router, names.labels(POOL, "router")),
+            (OTHER, engine, {"app": "someone-else"}),
+        ):
+            uids[name] = core.create_namespaced_pod(ns, _pod(name, account, labels)).metadata.uid
+
+        local_cluster.kubectl("apply", "-f", "-", input_text=yaml.safe_dump_all(objects))
         guarded = Guarded(
             namespace=ns,
             policy=policy,
