@@ -735,8 +735,8 @@ def section(data: Mapping[str, Any], plots_dir: str = "results") -> list[str]:
         if rule.get("pool_replicas"):  # k sized from the router's request counts (issue 11's share rule)
             inputs = "the router's request counts per adapter and the sidecars' observations of the engines"
             how = (
-                f"k straight to ceil(rate / ({_f(rule.get('expand_share'))} x the pool's rate per replica)),"
-                f" given back below {_f(rule.get('shrink_share'))} of it; expand too {ttft_rule}"
+                f"k straight to ceil(rate / ({rule['expand_share']:g} x the pool's rate per replica)),"
+                f" given back below {rule['shrink_share']:g} of it; expand too {ttft_rule}"
             )
         else:
             inputs, how = "the sidecars' observations of the engines", f"expand {ttft_rule}"

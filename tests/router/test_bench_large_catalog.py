@@ -204,3 +204,9 @@ def test_section_shows_each_system_the_ratios_and_the_note() -> None:
     assert "goodput 2.00x (target >= 2x), disk loads per 1k requests 10.00x fewer" in text
     assert "p99 TTFT 2.00x (target <= 1x)" in text and "why it missed" in text
     assert section({"scenarios": [{"name": "a-x", "regime": "a"}], "runs": [_cell(AFFINITY, 1, 1, 1)]}) == []
+    assert "router's request counts" not in text and "at most doubling" in text  # a cell of the TTFT rule alone
+    rated = _e(_cell(PLACEMENT, 100, 5, 2, convergence_s=4.5, **PLACED), _cell(AFFINITY, 50, 50, 1))
+    rated["scenarios"][0]["scaling_rule"] = {"pool_replicas": 16, "expand_share": 0.25, "shrink_share": 0.125}  # type: ignore[index]
+    said = "\n".join(section(rated))
+    assert "on the router's request counts per adapter and the sidecars' observations" in said
+    assert "k straight to ceil(rate / (0.25 x the pool's rate per replica)), given back below 0.125 of it" in said
