@@ -37,15 +37,15 @@ import random
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bench.loadgen import Outcome, Planned, Workload, adapter_name, percentile, schedule
+from bench.numbers import fmt as _f
 from bench.scenarios import LORAPOOL_AFFINITY, LORAPOOL_PLACEMENT
-from bench.systems import FleetSpec, System
+from bench.systems import FleetSpec, System, started_in_parallel
 from lorapool.api import requests as router_requests
 from lorapool.api.models import LoRAPool
 from lorapool.api.report import ANNOTATION, Observations, ReplicaReport, encode
@@ -566,19 +566,7 @@ def share_fleet(spec: FleetSpec, paths: Mapping[str, str], share: Mapping[str, S
             raise
         return sim.url, sim.proc
 
-    with ExitStack() as stack, ThreadPoolExecutor(spec.replicas) as pool:
-        futures = [pool.submit(start, i) for i in range(spec.replicas)]
-        urls, errors = [], []
-        for future in futures:  # collect every process, so none leaks when one fails
-            try:
-                url, proc = future.result()
-            except Exception as exc:
-                errors.append(exc)
-                continue
-            stack.enter_context(proc)
-            urls.append(url)
-        if errors:
-            raise errors[0]
+    with started_in_parallel(spec.replicas, start) as urls:
         yield urls
 
 
@@ -702,14 +690,6 @@ def versus_affinity(runs: Mapping[str, Mapping[str, Any]]) -> dict[str, float] |
         "fewer_disk_loads": _ratio(a["disk_loads_per_1k"], p["disk_loads_per_1k"]),
         "p99": _ratio(p["ttft_p99_s"], a["ttft_p99_s"]),
     }
-
-
-def _f(x: Any, digits: int = 2) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "-"
-    if isinstance(x, float) and math.isinf(x):
-        return "inf"
-    return f"{x:.{digits}f}"
 
 
 def _hot(run: Mapping[str, Any]) -> str:

@@ -15,20 +15,13 @@ from typing import Any
 
 from bench import chaos, large_catalog, real_engine
 from bench import sizing as sizing_cell
+from bench.numbers import fmt as _f
 from bench.scenarios import LORAPOOL_AFFINITY as AFFINITY
 from bench.scenarios import LORAPOOL_ROUND_ROBIN, NOT_BASELINES, ORACLE
 from bench.targets import CAPACITY_ADDED_P99_MS, TARGETS, across, capacity, runs_by_scenario
 
 METHOD = Path(__file__).with_name("METHOD.md")
 PLOTS = ("goodput.png", "ttft_p99.png", "overhead.png")
-
-
-def _f(x: Any, digits: int = 2) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "-"
-    if isinstance(x, float) and math.isinf(x):
-        return "inf"
-    return f"{x:.{digits}f}"
 
 
 def _ratio(a: float, b: float) -> float:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
@@ -100,10 +100,20 @@ def sim_fleet(spec: FleetSpec, adapter_root: Path) -> Iterator[list[str]]:
         sim = start_replica(spec, i, adapters)
         return sim.url, sim.proc
 
-    with ExitStack() as stack, ThreadPoolExecutor(spec.replicas) as pool:
-        futures = [pool.submit(start, i) for i in range(spec.replicas)]
+    with started_in_parallel(spec.replicas, start) as urls:
+        yield urls
+
+
+@contextmanager
+def started_in_parallel(count: int, start: Callable[[int], tuple[str, RunningProcess]]) -> Iterator[list[str]]:
+    """``start(0..count-1)`` on ``count`` threads; yield their URLs and stop every process on exit.
+
+    Every future is collected before the first error is raised, so no started process leaks.
+    """
+    with ExitStack() as stack, ThreadPoolExecutor(count) as pool:
+        futures = [pool.submit(start, i) for i in range(count)]
         urls, errors = [], []
-        for future in futures:  # collect every process, so none leaks when one fails
+        for future in futures:
             try:
                 url, proc = future.result()
             except Exception as exc:
