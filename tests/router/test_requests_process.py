@@ -6,6 +6,7 @@ import argparse
 import http.client
 import json
 from collections import Counter
+from itertools import pairwise
 from urllib.parse import urlparse
 
 import openai
@@ -41,6 +42,27 @@ def last_window(url: str) -> RequestWindow | None:
     window = decode(body)
     assert window is not None, body
     return window
+
+
+def counted_until(router: str, until_wall_s: float, timeout_s: float = 60) -> Counter[str]:
+    """Every request the router counted by name in the windows up to the first that closed after
+    ``until_wall_s``, summed; the windows read must follow each other without a gap (a poll that
+    missed a whole window fails here rather than undercount)."""
+    seen: dict[float, RequestWindow] = {}
+
+    def done() -> bool:
+        if (w := last_window(router)) is not None:
+            seen[w.end] = w
+        return bool(seen) and max(seen) >= until_wall_s
+
+    wait_until(f"a window closing after {until_wall_s:.1f}", done, timeout_s=timeout_s, max_interval_s=0.1)
+    ends = sorted(seen)
+    gaps = [b - a for a, b in pairwise(ends) if b - a > 1.5 * seen[b].window_s]
+    assert not gaps, f"windows missed between the polls: {ends}"
+    total: Counter[str] = Counter()
+    for w in seen.values():
+        total.update(w.counts)
+    return total
 
 
 def test_the_router_serves_its_last_closed_window_of_request_counts(
