@@ -27,12 +27,12 @@ from typing import Any
 import pytest
 import yaml
 
-from lorapool.api.models import LoRAPool
 from lorapool.api.report import ANNOTATION, SYNCED_CONDITION
 from lorapool.cluster import LocalCluster
 from lorapool.cluster.pytest_plugin import CLUSTER_START_S
 from lorapool.podstatus import PodRef, api_server, patch_status, session
-from lorapool.render import manifests, names
+from lorapool.render import names
+from lorapool.testing.accounts import bare_pool, create_accounts
 from lorapool.testing.wait import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(CLUSTER_START_S + 120)]
@@ -84,11 +84,6 @@ def scoped_policy(namespace: str) -> list[dict[str, Any]]:
     return [policy, binding]
 
 
-def _unowned(obj: dict[str, Any]) -> dict[str, Any]:
-    obj["metadata"].pop("ownerReferences", None)  # no LoRAPool object exists here to own them
-    return obj
-
-
 def _pod(name: str, account: str, labels: dict[str, str]) -> dict[str, Any]:
     """A pod that stays Pending (no node matches): only its API object matters here."""
     return {
@@ -114,25 +109,8 @@ def guarded(local_cluster: LocalCluster, operator_env: Path) -> Iterator[Guarded
     policy = objects[0]["metadata"]["name"]
     core.create_namespace({"metadata": {"name": ns}})
     try:
-        pool = LoRAPool.model_validate(
-            {
-                "apiVersion": "lorapool.io/v1alpha1",
-                "kind": "LoRAPool",
-                "metadata": {"name": POOL, "namespace": ns, "uid": "00000000-0000-0000-0000-000000000003"},
-                "spec": {
-                    "baseModel": {"name": "meta-llama/Meta-Llama-3-8B-Instruct", "source": "hf://meta-llama/x"},
-                    "gpu": {"product": "A100-80GB"},
-                },
-            }
-        )
+        create_accounts(core, rbac, bare_pool(POOL, ns), ["engine", "router"])
         engine, router = names.engine_service_account(POOL), names.router(POOL)
-        for account, role, binding in (
-            (manifests.engine_serviceaccount, manifests.engine_role, manifests.engine_rolebinding),
-            (manifests.router_serviceaccount, manifests.router_role, manifests.router_rolebinding),
-        ):
-            core.create_namespaced_service_account(ns, _unowned(account(pool)))
-            rbac.create_namespaced_role(ns, _unowned(role(pool)))
-            rbac.create_namespaced_role_binding(ns, _unowned(binding(pool)))
         uids = {}
         for name, account, labels in (
             (ENGINE_A, engine, names.labels(POOL, "engine")),

@@ -23,12 +23,12 @@ from typing import Any
 import openai
 import pytest
 
-from lorapool.api.models import LoRAPool
 from lorapool.api.report import ANNOTATION, AdapterReport, ReplicaReport, encode
 from lorapool.api.report import ReplicaPhase as P
 from lorapool.cluster import LocalCluster
 from lorapool.cluster.pytest_plugin import CLUSTER_START_S
-from lorapool.render import manifests, names
+from lorapool.render import names
+from lorapool.testing.accounts import bare_pool, create_accounts
 from lorapool.testing.components import router_argv
 from lorapool.testing.processes import RunningProcess, free_port, start_process
 from lorapool.testing.scrape import metric_value as metric
@@ -62,22 +62,7 @@ def engine_pods(local_cluster: LocalCluster) -> Iterator[tuple[str, Any, Path]]:
     ns = f"router-reports-{uuid.uuid4().hex[:6]}"
     core, rbac = k8s.CoreV1Api(api), k8s.RbacAuthorizationV1Api(api)
     core.create_namespace({"metadata": {"name": ns}})
-    pool = LoRAPool.model_validate(
-        {
-            "apiVersion": "lorapool.io/v1alpha1",
-            "kind": "LoRAPool",
-            "metadata": {"name": POOL, "namespace": ns, "uid": "00000000-0000-0000-0000-000000000001"},
-            "spec": {
-                "baseModel": {"name": "meta-llama/Meta-Llama-3-8B-Instruct", "source": "hf://meta-llama/x"},
-                "gpu": {"product": "A100-80GB"},
-            },
-        }
-    )
-    for obj in (manifests.router_serviceaccount(pool), manifests.router_role(pool), manifests.router_rolebinding(pool)):
-        obj["metadata"].pop("ownerReferences", None)  # no LoRAPool object exists here to own them
-        {"ServiceAccount": core.create_namespaced_service_account, "Role": rbac.create_namespaced_role}.get(
-            obj["kind"], rbac.create_namespaced_role_binding
-        )(ns, obj)
+    create_accounts(core, rbac, bare_pool(POOL, ns), ["router"])
     for i in range(2):
         core.create_namespaced_pod(
             ns,

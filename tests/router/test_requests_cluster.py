@@ -18,11 +18,11 @@ from typing import Any
 import openai
 import pytest
 
-from lorapool.api.models import LoRAPool
 from lorapool.api.requests import ANNOTATION, RequestWindow, pod_requests
 from lorapool.cluster import LocalCluster
 from lorapool.cluster.pytest_plugin import CLUSTER_START_S
-from lorapool.render import manifests, names
+from lorapool.render import names
+from lorapool.testing.accounts import bare_pool, create_accounts
 from lorapool.testing.components import start_router
 from lorapool.testing.wait import wait_until
 
@@ -46,29 +46,11 @@ def router_account(local_cluster: LocalCluster) -> Iterator[tuple[str, Any, Path
     ns = f"router-counts-{uuid.uuid4().hex[:6]}"
     core, rbac = k8s.CoreV1Api(api), k8s.RbacAuthorizationV1Api(api)
     core.create_namespace({"metadata": {"name": ns}})
-    pool = LoRAPool.model_validate(
-        {
-            "apiVersion": "lorapool.io/v1alpha1",
-            "kind": "LoRAPool",
-            "metadata": {"name": POOL, "namespace": ns, "uid": "00000000-0000-0000-0000-000000000002"},
-            "spec": {
-                "baseModel": {"name": "meta-llama/Meta-Llama-3-8B-Instruct", "source": "hf://meta-llama/x"},
-                "gpu": {"product": "A100-80GB"},
-            },
-        }
-    )
-    core.create_namespaced_service_account(ns, _unowned(manifests.router_serviceaccount(pool)))
-    rbac.create_namespaced_role(ns, _unowned(manifests.router_role(pool)))
-    rbac.create_namespaced_role_binding(ns, _unowned(manifests.router_rolebinding(pool)))
+    create_accounts(core, rbac, bare_pool(POOL, ns), ["router"])
     kubeconfig = local_cluster.service_account_kubeconfig(ns, names.router(POOL))
     yield ns, api, kubeconfig
     core.delete_namespace(ns)
     api.close()
-
-
-def _unowned(obj: dict[str, Any]) -> dict[str, Any]:
-    obj["metadata"].pop("ownerReferences", None)  # no LoRAPool object exists here to own them
-    return obj
 
 
 def test_the_router_writes_each_closed_window_on_its_own_pod(
