@@ -32,9 +32,10 @@ import pytest
 from lorapool.api.adapterset import AdapterSet
 from lorapool.api.report import ANNOTATION, SYNCED_CONDITION, Observations, encode
 from lorapool.cluster import LocalCluster
+from lorapool.podstatus import PodRef, api_server
 from lorapool.render import names
 from lorapool.sidecar.core import AdapterState, Phase, identity_of, replica_report, synced_condition
-from lorapool.sidecar.reporter import PodRef, Reporter, api_server
+from lorapool.sidecar.reporter import Reporter
 from lorapool.testing.wait import wait_until
 from tests.controller.conftest import OperatorProcess
 from tests.controller.test_operator import adapter_dir, apply, get, pool_doc

@@ -22,8 +22,9 @@ import pytest
 from lorapool.api.adapterset import DesiredAdapter
 from lorapool.api.report import ANNOTATION, SYNCED_CONDITION, encode
 from lorapool.cluster import LocalCluster
+from lorapool.podstatus import PodRef, api_server
 from lorapool.sidecar.core import AdapterState, Phase, identity_of, replica_report, synced_condition
-from lorapool.sidecar.reporter import PodRef, Reporter, api_server
+from lorapool.sidecar.reporter import Reporter
 from lorapool.testing.wait import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]

@@ -11,7 +11,7 @@ Credentials: ``--report-kubeconfig`` (local playground and tests: a ServiceAccou
 kubeconfig), else in-cluster. The Pod: ``--pod NAMESPACE/NAME``, else
 ``$POD_NAMESPACE``/``$POD_NAME`` from the downward API. Without a Pod, reporting is off. The
 patch itself, the credentials and ``PodRef`` live in ``lorapool.podstatus``, shared with the
-router, which writes its request counts on its own Pod the same way (re-exported here).
+router, which writes its request counts on its own Pod the same way.
 
 ``Observer`` scrapes the engine's own ``/metrics`` next to the sidecar (loopback in the pod)
 every ``sample_s`` and keeps the last closed window's ``Observations`` (``sidecar.observations``);
@@ -31,14 +31,12 @@ from typing import Any
 import aiohttp
 
 from lorapool.api.report import Observations
-from lorapool.podstatus import ApiServer, PodRef, api_server, patch_status
+from lorapool.podstatus import ApiServer, PodRef, patch_status
 from lorapool.podstatus import session as api_session
 from lorapool.sidecar.core import Pacer
 from lorapool.sidecar.observations import Window, parse_sample
 
 log = logging.getLogger("lorapool.sidecar")
-
-__all__ = ["ApiServer", "Build", "Observer", "PodRef", "Reporter", "api_server"]
 
 Build = Callable[[], dict[str, Any]]  # -> the strategic-merge patch body to send
 
@@ -64,10 +62,6 @@ class Reporter:
         self.on_write = on_write or (lambda ok: None)
         self.writes = 0
         self.last_error: str | None = None
-
-    @property
-    def path(self) -> str:
-        return self.pod.status_path
 
     async def run(self, stop: asyncio.Event) -> None:
         async with api_session(self.server, self.timeout_s) as http:
