@@ -199,6 +199,15 @@ def _credentials_env(pool: LoRAPool, *, hf: bool, s3: bool) -> list[Obj]:
     return env
 
 
+def _own_pod_env() -> list[Obj]:
+    """POD_NAME / POD_NAMESPACE from the downward API: the Pod a container writes its status on
+    (``lorapool.podstatus.PodRef.from_env``)."""
+    return [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+    ]
+
+
 def _api_key_env(pool: LoRAPool) -> list[Obj]:
     """The engines' API key from its Secret: vLLM requires it, the router and the sidecar send it."""
     ref = pool.spec.security.api_key_secret_ref
@@ -420,9 +429,7 @@ def _sidecar_container(pool: LoRAPool, opts: RenderOptions, pvc_mounts: list[Obj
         "args": args,
         "env": [
             {"name": "HF_HOME", "value": "/tmp/hf"},
-            # The Pod it reports on (lorapool.api.report).
-            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            *_own_pod_env(),  # the Pod it reports on (lorapool.api.report)
             *_api_key_env(pool),
             *_credentials_env(pool, hf=True, s3=True),
         ],
@@ -633,9 +640,7 @@ def router_deployment(pool: LoRAPool, plan: Plan, opts: RenderOptions) -> Obj:
             str(plan.max_cpu_loras),
         ],
         "env": [
-            # The Pod it writes its request counts on (lorapool.api.requests), once per window.
-            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            *_own_pod_env(),  # the Pod it writes its request counts on (lorapool.api.requests)
             *_api_key_env(pool),
         ],
         "ports": [{"name": "http", "containerPort": names.ROUTER_PORT, "protocol": "TCP"}],
