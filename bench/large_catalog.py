@@ -42,8 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import results
+from bench.formatting import fmt as _f
 from bench.loadgen import Outcome, Planned, Workload, adapter_name, percentile, schedule
-from bench.numbers import fmt as _f
 from bench.scenarios import LORAPOOL_AFFINITY, LORAPOOL_PLACEMENT
 from bench.systems import FleetSpec, System, started_in_parallel
 from lorapool.api import requests as router_requests
@@ -803,9 +804,7 @@ def plot(data: Mapping[str, Any], out: Path) -> None:
 
 def run(out: Path, adapter_root: Path, stamp: dict[str, str], systems: Sequence[str] = ()) -> dict[str, Any]:
     """Measure the systems of regime (e) (all when ``systems`` is empty) and fold the cells into
-    OUT/results.json (``run.merge``: a cell measured again replaces the old one)."""
-    from bench.run import merge
-
+    OUT/results.json (``results.merge``: a cell measured again replaces the old one; a fresh OUT starts empty)."""
     s = catalog_scenario()
     fresh: dict[str, Any] = {"scenarios": [scenario_dict(s)], "runs": []}
     partial = out / "large_catalog.partial.json"
@@ -820,9 +819,8 @@ def run(out: Path, adapter_root: Path, stamp: dict[str, str], systems: Sequence[
         fresh["runs"].append(cell)
         print(json.dumps({k: v for k, v in cell.items() if k not in ("goodput_timeline",)}, default=str), flush=True)
         partial.write_text(json.dumps(fresh, indent=1, default=str))
-    results_path = out / "results.json"
-    data = merge(json.loads(results_path.read_text()), fresh, stamp)
+    data = results.merge(results.load(out, stamp), fresh, stamp)
     data["scenarios"] = [d for d in data["scenarios"] if d["name"] != s.name] + fresh["scenarios"]
-    results_path.write_text(json.dumps(data, indent=1, default=str))
+    results.save(out, data)
     partial.unlink(missing_ok=True)
     return data

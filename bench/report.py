@@ -15,7 +15,7 @@ from typing import Any
 
 from bench import chaos, large_catalog, real_engine
 from bench import sizing as sizing_cell
-from bench.numbers import fmt as _f
+from bench.formatting import fmt as _f
 from bench.scenarios import LORAPOOL_AFFINITY as AFFINITY
 from bench.scenarios import LORAPOOL_ROUND_ROBIN, NOT_BASELINES, ORACLE
 from bench.targets import CAPACITY_ADDED_P99_MS, TARGETS, across, capacity, runs_by_scenario
@@ -224,12 +224,18 @@ def render(
     plots_dir: str = "results",
     real_engine_section: list[str] | None = None,
     chaos_data: dict[str, Any] | None = None,
+    sizing_data: dict[str, Any] | None = None,
 ) -> str:
-    """The whole of RESULTS.md for ``data``; ``plots_dir`` is the plots' path relative to it."""
-    if chaos_data is None:  # the committed chaos cell (chaos.json) beside the committed results
-        chaos_data = chaos.load(Path(__file__).resolve().parent / "results") or {}
-    data = {**data, "chaos": chaos_data}  # its target reads it
-    data = {**data, "sizing": sizing_cell.load(Path(__file__).resolve().parent / "results") or {}}
+    """The whole of RESULTS.md for ``data``; ``plots_dir`` is the plots' path relative to it.
+
+    The separate cells (real engine, chaos, sizing) default to the committed ones beside the
+    committed results; ``write_report`` passes those of the directory it reports on."""
+    committed = Path(__file__).resolve().parent / "results"
+    if chaos_data is None:
+        chaos_data = chaos.load(committed) or {}
+    if sizing_data is None:
+        sizing_data = sizing_cell.load(committed) or {}
+    data = {**data, "chaos": chaos_data, "sizing": sizing_data}  # their targets read them
     lines = ["# Routing benchmark results", "", "Written by `bench/report.py` from `bench/results/results.json`:"]
     lines += ["do not edit by hand (`python bench/run.py --report-only` rewrites it).", ""]
     lines += ["| measured | command | machine |", "|---|---|---|"]
@@ -287,7 +293,8 @@ def plot(data: dict[str, Any], out: Path) -> None:
         ax.set_ylabel(label)
         if log:
             ax.set_yscale("log")
-        ax.legend(fontsize=7, ncol=3)
+        if systems:  # a results file with the overhead only has no cells yet
+            ax.legend(fontsize=7, ncol=3)
         ax.grid(axis="y", alpha=0.3)
         fig.tight_layout()
         fig.savefig(out / fname, dpi=110)
@@ -330,4 +337,5 @@ def write_report(data: dict[str, Any], out: Path, report: Path) -> None:
     chaos.plot(out)
     large_catalog.plot(data, out)
     rel = out.relative_to(report.parent) if out.is_relative_to(report.parent) else out
-    report.write_text(render(data, rel.as_posix(), real_engine.section(out), chaos.load(out) or {}))
+    cells = real_engine.section(out), chaos.load(out) or {}, sizing_cell.load(out) or {}
+    report.write_text(render(data, rel.as_posix(), *cells))

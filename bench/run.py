@@ -30,6 +30,7 @@ from typing import Any
 if __package__ in (None, ""):  # `python bench/run.py`: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import results
 from bench.loadgen import RunResult, run_open_loop, schedule, summarize
 from bench.overhead import run_overhead
 from bench.report import write_report
@@ -127,24 +128,6 @@ def _stamp(argv: list[str] | None) -> dict[str, str]:
     }
 
 
-def merge(data: dict[str, Any], fresh: dict[str, Any], stamp: dict[str, str]) -> dict[str, Any]:
-    """Fold ``fresh`` cells into ``data``: a (scenario, system) cell measured again replaces the old one."""
-    sessions = data.setdefault("sessions", [])
-    if not any(s["date"] == data["date"] for s in sessions):
-        sessions.append({k: data[k] for k in ("date", "command", "machine")})
-    sessions.append(stamp)
-    by_key = {(r["scenario"], r["system"]): i for i, r in enumerate(data["runs"])}
-    for run in fresh["runs"]:
-        key = (run["scenario"], run["system"])
-        if key in by_key:
-            data["runs"][by_key[key]] = run
-        else:
-            data["runs"].append(run)
-    known = {s["name"] for s in data["scenarios"]}
-    data["scenarios"] += [s for s in fresh["scenarios"] if s["name"] not in known]
-    return data
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
@@ -165,12 +148,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chaos", action="store_true", help="measure only the chaos cell (chaos.json)")
     args = parser.parse_args(argv)
     out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
     report = args.report or out.parent / "RESULTS.md"
-    results_path = out / "results.json"
+    results_path = results.path(out)
     if args.report_only:
+        if not results_path.exists():
+            parser.error(f"--report-only: {results_path} does not exist; measure into --out {out} first")
         write_report(json.loads(results_path.read_text()), out, report)
         return 0
+    out.mkdir(parents=True, exist_ok=True)
     stamp = _stamp(argv)
     adapter_root = Path(os.environ.get("BENCH_ADAPTERS", ADAPTERS))
     if args.large_catalog:
@@ -183,19 +168,19 @@ def main(argv: list[str] | None = None) -> int:
         from bench import real_engine
 
         real_engine.run(out, adapter_root / "real-engine", stamp)
-        write_report(json.loads(results_path.read_text()), out, report)
+        write_report(results.load(out, stamp), out, report)
         return 0
     if args.chaos:
         from bench import chaos
 
         chaos.run(out, adapter_root, stamp)
-        write_report(json.loads(results_path.read_text()), out, report)
+        write_report(results.load(out, stamp), out, report)
         return 0
     if args.sizing:
         from bench import sizing
 
         sizing.run(out, stamp)
-        write_report(json.loads(results_path.read_text()), out, report)
+        write_report(results.load(out, stamp), out, report)
         return 0
     if args.overhead_only and results_path.exists():  # refresh the overhead section only
         data = json.loads(results_path.read_text())
@@ -230,10 +215,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({k: v for k, v in data["overhead"].items() if k != "cdf"}, default=str))
     if previous is not None:
         overhead = data["overhead"] or previous.get("overhead")
-        data = merge(previous, data, stamp)
+        data = results.merge(previous, data, stamp)
         data["overhead"] = overhead
         partial.unlink(missing_ok=True)
-    results_path.write_text(json.dumps(data, indent=1, default=str))
+    results.save(out, data)
     write_report(data, out, report)
     print(f"wrote {report} and {out}/")
     return 0

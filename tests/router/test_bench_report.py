@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # the repo root holds bench/
 
 from bench.report import render  # noqa: E402
-from bench.run import merge  # noqa: E402
+from bench.results import merge  # noqa: E402
 from bench.scenarios import LORAPOOL_AFFINITY, LORAPOOL_ROUND_ROBIN, ORACLE  # noqa: E402
 from bench.targets import TARGETS, Target  # noqa: E402
 
