@@ -1,6 +1,6 @@
 # Two commands do everything on a fresh machine:
 #   make run    install, then run the main job (the local playground)
-#   make test   install, build the local control plane and the vLLM CPU engine once (cached in ~/.cache/lorapool), run every test
+#   make test   install, lint, build the local control plane and the vLLM CPU engine once (cached in ~/.cache/lorapool), run every test; prints each tier's time against its budget
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 
@@ -25,10 +25,10 @@ crds:
 unit: install
 	$(PYTHON) -m pytest -m "not cluster" -q
 
-test: install lint
-	@if [ -x scripts/build-control-plane ]; then scripts/build-control-plane; fi
-	$(PYTHON) -m lorapool.cli engine install
-	$(PYTHON) -m pytest -q
+# scripts/ci.py: lint, the control-plane build, the engine install and pytest, each timed; it ends
+# with the CI budget table (lorapool.testing.tiers) and names any tier over its budget.
+test: install
+	$(PYTHON) scripts/ci.py
 
 # Run the whole suite N times (BUSY=1: with every core kept busy) and list each test that failed once.
 N ?= 5

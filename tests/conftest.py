@@ -11,7 +11,7 @@ import yaml
 
 # One local control plane per test session, shared by every package that needs it; and a test
 # owns what it starts (threads, processes, ports: lorapool.testing.leaks).
-pytest_plugins = ["lorapool.cluster.pytest_plugin", "lorapool.testing.leaks"]
+pytest_plugins = ["lorapool.cluster.pytest_plugin", "lorapool.testing.leaks", "lorapool.testing.tiers"]
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "lorapool.yaml"
