@@ -13,7 +13,7 @@ from typing import Any
 
 import aiohttp
 
-from lorapool.router.engine_metrics import parse_engine_metrics
+from lorapool.api.vllm_metrics import parse_metrics
 from lorapool.router.scheduler import Scheduler
 from lorapool.router.settings import RouterSettings
 from lorapool.router.state import BackendState
@@ -58,7 +58,7 @@ class Poller:
                 self._get(f"{state.id}/metrics", as_json=False),
                 self._get(f"{state.id}/v1/models", as_json=True),
             )
-            metrics = parse_engine_metrics(page)
+            metrics = parse_metrics(page)
             cards = models.get("data") if isinstance(models, dict) else None
             if not isinstance(cards, list):
                 raise ValueError("/v1/models has no data list")

@@ -19,8 +19,8 @@ from itertools import islice
 from typing import Any
 
 from lorapool.api.report import ReplicaReport
+from lorapool.api.vllm_metrics import VllmMetrics
 from lorapool.router.backend import Backend
-from lorapool.router.engine_metrics import EngineMetrics
 from lorapool.router.reports import served
 
 # How many recently-run adapters to remember per backend (bounds memory with 1000s of adapters).
@@ -46,7 +46,7 @@ class BackendState:
         self.base_models: frozenset[str] = frozenset()
         self.cards: tuple[Mapping[str, Any], ...] = ()
         self.kv_usage = 0.0
-        self.engine = EngineMetrics()
+        self.engine = VllmMetrics()
         self.inflight_total = 0
         self.adapter_inflight: dict[str, int] = {}
         self.foreign_active: frozenset[str] = frozenset()
@@ -99,7 +99,7 @@ class BackendState:
         """Remember what the router had in flight while the engine's metrics are taken."""
         self._scrape = (set(self.adapter_inflight), self.inflight_total)
 
-    def apply_metrics(self, metrics: EngineMetrics) -> None:
+    def apply_metrics(self, metrics: VllmMetrics) -> None:
         """Fold one scrape in: foreign adapters and load, slots, KV usage, warm adapters."""
         seen, peak = self._scrape if self._scrape is not None else (set(self.adapter_inflight), 0)
         self._scrape = None
@@ -111,7 +111,7 @@ class BackendState:
         self.foreign_load = max(0, metrics.running + metrics.waiting - peak)
         # vLLM stamps lora_requests_info after each step, so an idle engine keeps reporting
         # the adapters of its last step: trust foreign adapters only with foreign load.
-        foreign = metrics.active_adapters - seen if self.foreign_load else frozenset()
+        foreign = metrics.listed_adapters - seen if self.foreign_load else frozenset()
         self.foreign_active = frozenset(foreign)
         for name in metrics.running_adapters - self.adapter_inflight.keys():
             self._touch(name)
