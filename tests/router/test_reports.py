@@ -11,14 +11,14 @@ import pytest
 
 from lorapool.api.report import ANNOTATION, AdapterReport, ReplicaReport, encode
 from lorapool.api.report import ReplicaPhase as P
-from lorapool.router import registry
-from lorapool.router.backend import Request
-from lorapool.router.discovery import backend_targets
+from lorapool.router.core import registry
+from lorapool.router.core.backend import Request
+from lorapool.router.core.discovery import backend_targets
+from lorapool.router.core.reports import PodFacts, Standing, backend_reports, pod_facts, served, standing
+from lorapool.router.core.state import BackendState
 from lorapool.router.podreports import parse_backend_pod, parse_pods_target
-from lorapool.router.reports import PodFacts, Standing, backend_reports, pod_facts, served, standing
 from lorapool.router.scheduler import Lease, Scheduler, StillLoading, UnknownModel
 from lorapool.router.settings import RouterSettings
-from lorapool.router.state import BackendState
 from lorapool.router.telemetry import Telemetry
 
 NEW, OLD = "aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb"

@@ -22,8 +22,8 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from lorapool.api.requests import encode
-from lorapool.router.backend import Request
-from lorapool.router.requestcount import RequestCounter
+from lorapool.router.core.backend import Request
+from lorapool.router.core.requestcount import RequestCounter
 from lorapool.router.scheduler import Lease, NoBackend, QueueFull, Scheduler, StillLoading, UnknownModel
 from lorapool.router.settings import RouterSettings
 from lorapool.router.telemetry import Telemetry

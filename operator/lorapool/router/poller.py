@@ -14,9 +14,9 @@ from typing import Any
 import aiohttp
 
 from lorapool.api.vllm_metrics import parse_metrics
+from lorapool.router.core.state import BackendState
 from lorapool.router.scheduler import Scheduler
 from lorapool.router.settings import RouterSettings
-from lorapool.router.state import BackendState
 
 log = logging.getLogger("lorapool.router.poller")
 

@@ -18,14 +18,14 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from lorapool.api.report import ReplicaReport
-from lorapool.router.backend import Backend, DecisionKind, Request, classify
-from lorapool.router.filters import healthy, serves_model
-from lorapool.router.policy import Scheduling
-from lorapool.router.reports import Standing, Verdict, standing
+from lorapool.router.core.backend import Backend, DecisionKind, Request, classify
+from lorapool.router.core.filters import healthy, serves_model
+from lorapool.router.core.policy import Scheduling
+from lorapool.router.core.reports import Standing, Verdict, standing
+from lorapool.router.core.state import BackendState
+from lorapool.router.core.waitqueue import WaitQueues
 from lorapool.router.settings import RouterSettings
-from lorapool.router.state import BackendState
 from lorapool.router.telemetry import Telemetry
-from lorapool.router.waitqueue import WaitQueues
 
 log = logging.getLogger("lorapool.router.scheduler")
 

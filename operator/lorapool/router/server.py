@@ -21,15 +21,15 @@ from aiohttp import web
 
 from lorapool.podstatus import PodRef, api_server
 from lorapool.render.names import ENGINE_API_KEY_ENV
-from lorapool.router import registry
 from lorapool.router.app import build_app
+from lorapool.router.core import registry
+from lorapool.router.core.reports import PodFacts, backend_reports
+from lorapool.router.core.requestcount import RequestCounter
 from lorapool.router.endpointslices import EndpointSliceWatch, parse_target
 from lorapool.router.kubewatch import ListWatch
 from lorapool.router.podreports import parse_pods_target, pod_report_watch
 from lorapool.router.poller import Poller
 from lorapool.router.publisher import Publisher
-from lorapool.router.reports import PodFacts, backend_reports
-from lorapool.router.requestcount import RequestCounter
 from lorapool.router.scheduler import Scheduler
 from lorapool.router.settings import RouterSettings
 from lorapool.router.telemetry import Telemetry

@@ -20,8 +20,8 @@ from typing import Any
 
 from lorapool.api.report import ReplicaReport
 from lorapool.api.vllm_metrics import VllmMetrics
-from lorapool.router.backend import Backend
-from lorapool.router.reports import served
+from lorapool.router.core.backend import Backend
+from lorapool.router.core.reports import served
 
 # How many recently-run adapters to remember per backend (bounds memory with 1000s of adapters).
 RECENT_LIMIT = 4096

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from lorapool.router.backend import Backend, Request
+from lorapool.router.core.backend import Backend, Request
 
 Filter = Callable[[Request, Sequence[Backend]], Sequence[Backend]]
 Scorer = Callable[[Request, Sequence[Backend]], Mapping[str, float]]  # backend id -> [0, 1]

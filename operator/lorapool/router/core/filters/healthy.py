@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from lorapool.router.backend import Backend, Request
-from lorapool.router.plugin import FilterPlugin
+from lorapool.router.core.backend import Backend, Request
+from lorapool.router.core.plugin import FilterPlugin
 
 
 def healthy(req: Request, backends: Sequence[Backend]) -> Sequence[Backend]:

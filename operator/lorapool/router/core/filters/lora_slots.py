@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from lorapool.router.backend import Backend, Request
-from lorapool.router.plugin import FilterPlugin
+from lorapool.router.core.backend import Backend, Request
+from lorapool.router.core.plugin import FilterPlugin
 
 
 def lora_slots(req: Request, backends: Sequence[Backend]) -> Sequence[Backend]:

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from lorapool.api.vllm_metrics import VllmMetrics
-from lorapool.router.discovery import backend_urls
-from lorapool.router.state import BackendState
-from lorapool.router.waitqueue import WaitQueues
+from lorapool.router.core.discovery import backend_urls
+from lorapool.router.core.state import BackendState
+from lorapool.router.core.waitqueue import WaitQueues
 
 
 def up(url: str = "b", **kw: Any) -> BackendState:
