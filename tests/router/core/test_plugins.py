@@ -13,6 +13,7 @@ import pytest
 
 import lorapool.router.core.filters
 import lorapool.router.core.scorers
+from lorapool.api.report import AdapterReport, ReplicaPhase, ReplicaReport
 from lorapool.router.core import registry
 from lorapool.router.core.backend import Backend, Request
 from lorapool.router.core.filters.bounded_load import bounded_load
@@ -233,6 +234,7 @@ PERTURBED: dict[str, Any] = {
     "cached": frozenset({"a", "base"}),
     "load": 13,
     "kv_usage": 0.77,
+    "report": ReplicaReport(engine_healthy=True, adapters={"a": AdapterReport(ReplicaPhase.FAILED, "x")}),
 }
 BACKEND_FIELDS = {f.name for f in dataclasses.fields(Backend)}
 REQUEST_FIELDS = {f.name for f in dataclasses.fields(Request)}

@@ -50,7 +50,7 @@ class Profile:
     def build(self, name: str, params: PolicyParams) -> Policy:
         return Policy(
             name,
-            tuple(f.build(params) for f in self.filters),
+            tuple((f.name, f.build(params)) for f in self.filters),
             tuple(s.build(params) for s in self.scorers),
             self.picker.build(params),
         )

@@ -172,6 +172,7 @@ class BackendState:
             cached=cached,
             load=self.inflight_total + self.foreign_load,
             kv_usage=self.kv_usage,
+            report=self.report,
         )
 
     def _touch(self, model: str) -> None:
