@@ -2,7 +2,7 @@
 
 Filters drop backends that must not take the request; scorers rate the survivors in [0, 1]
 and carry a weight; the picker turns the weighted sums into one backend id. ``filter`` says
-which filter left nothing (by its plugin name), so the caller can answer why (503, 404, a
+which filter left nothing (by its plugin name), so ``admission`` can answer why (503, 404, a
 hold for a slot or a load) without running the filters again.
 """
 

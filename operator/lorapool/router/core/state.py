@@ -7,8 +7,9 @@ during the scrape is "foreign" and counted until the next scrape; what the route
 sent is counted from its own books only, so a request that just finished frees its slot at
 once instead of a poll later.
 
-The shell (``scheduler``, ``poller``) mutates a ``BackendState``; policies only see the
-``Backend`` view it builds. Not thread-safe: one event loop owns it.
+Only the scheduler changes a ``BackendState`` (the poller and the proxy tell it what they saw);
+the other shells read it as a ``ReadOnlyBackendState``, and policies see only the ``Backend``
+view it builds. Not thread-safe: one event loop owns it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from itertools import islice
-from typing import Any
+from typing import Any, Protocol
 
 from lorapool.api.report import ReplicaReport
 from lorapool.api.vllm_metrics import VllmMetrics
@@ -25,6 +26,23 @@ from lorapool.router.core.reports import served
 
 # How many recently-run adapters to remember per backend (bounds memory with 1000s of adapters).
 RECENT_LIMIT = 4096
+
+
+class ReadOnlyBackendState(Protocol):
+    """What a shell may read of a backend's state (``Scheduler.backends``); only the scheduler writes."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def up(self) -> bool: ...
+    @property
+    def report(self) -> ReplicaReport | None: ...
+    @property
+    def cards(self) -> tuple[Mapping[str, Any], ...]: ...
+    @property
+    def inflight_total(self) -> int: ...
+    def served_models(self) -> frozenset[str] | None: ...
+    def view(self) -> Backend: ...
 
 
 class BackendState:

@@ -1,7 +1,7 @@
 """Keep backends that answered their last poll and have not failed a request since.
 
-Keeps: ``Backend.up``. Reads: ``up``. An empty result means the whole pool is down: the shell
-answers 503.
+Keeps: ``Backend.up``. Reads: ``up``. An empty result means the whole pool (or all of it not tried
+yet) is down: admission refuses with 503.
 """
 
 from __future__ import annotations
