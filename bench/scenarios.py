@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from bench.loadgen import Workload
 from bench.systems import FleetSpec, System
 from lorapool.api.common import RouterPolicy
-from lorapool.router import registry
+from lorapool.router.core import registry
 
 TIME_SCALE = 4.0  # wall seconds per simulated second (see RESULTS.md, "How to read")
 REPLICAS = 4

@@ -11,14 +11,16 @@ import pytest
 
 from lorapool.api.report import ANNOTATION, AdapterReport, ReplicaReport, encode
 from lorapool.api.report import ReplicaPhase as P
-from lorapool.router import registry
-from lorapool.router.backend import Request
-from lorapool.router.discovery import backend_targets
+from lorapool.api.vllm_metrics import VllmMetrics
+from lorapool.router.core import registry
+from lorapool.router.core.admission import RefusalReason
+from lorapool.router.core.backend import Request
+from lorapool.router.core.discovery import backend_targets
+from lorapool.router.core.reports import PodFacts, Standing, backend_reports, pod_facts, served, standing
+from lorapool.router.core.state import BackendState
 from lorapool.router.podreports import parse_backend_pod, parse_pods_target
-from lorapool.router.reports import PodFacts, Standing, backend_reports, pod_facts, served, standing
-from lorapool.router.scheduler import Lease, Scheduler, StillLoading, UnknownModel
+from lorapool.router.scheduler import Lease, Refused, Scheduler
 from lorapool.router.settings import RouterSettings
-from lorapool.router.state import BackendState
 from lorapool.router.telemetry import Telemetry
 
 NEW, OLD = "aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb"
@@ -202,9 +204,9 @@ class Pool:
         settings = RouterSettings(max_wait_s=self.max_wait_s, max_loras=4)
         self.scheduler = Scheduler(registry.build(self.policy), settings, Telemetry())
         self.scheduler.set_backends(["http://a", "http://b"])
-        for state in self.scheduler.states.values():
-            state.mark_up()
-            state.apply_models([{"id": "base"}, *({"id": m, "parent": "base"} for m in self.models if m != "base")])
+        cards = [{"id": "base"}, *({"id": m, "parent": "base"} for m in self.models if m != "base")]
+        for backend in self.scheduler.backends():
+            self.scheduler.polled(backend, VllmMetrics(), cards)
         self.scheduler.set_reports(self.reports)
 
 
@@ -212,12 +214,14 @@ async def outcome(pool: Pool, model: str = "sql") -> str:
     """Where the request went, or the answer it got: 'http://a', '404: <reason>', '503: <reason>'."""
     try:
         lease = await pool.scheduler.acquire(pool.scheduler.request_for(model))
-    except UnknownModel as exc:
-        return f"404: {exc.reason or 'generic'}"
-    except StillLoading as exc:
-        return f"503: {exc}"
+    except Refused as exc:
+        if exc.refusal.status == 404:
+            return f"404: {exc.refusal.detail or 'generic'}"
+        if exc.refusal.reason == RefusalReason.STILL_LOADING:
+            return f"503: {exc.refusal.detail}"
+        raise
     pool.scheduler.release(lease)
-    return lease.state.id
+    return lease.backend
 
 
 A, B = "http://a", "http://b"
@@ -255,7 +259,7 @@ def test_a_held_request_binds_as_soon_as_a_report_says_loaded(policy: str) -> No
         pool.scheduler.set_reports({A: report(sql=LOADED), B: report()})
         lease: Lease = await waiting
         pool.scheduler.release(lease)
-        return lease.state.id, time.monotonic() - started, pool.scheduler.telemetry
+        return lease.backend, time.monotonic() - started, pool.scheduler.telemetry
 
     where, waited_s, telemetry = asyncio.run(run())
     assert where == A and waited_s < 5
@@ -265,14 +269,15 @@ def test_a_held_request_binds_as_soon_as_a_report_says_loaded(policy: str) -> No
 
 
 def test_an_adapter_held_only_by_a_down_replica_is_503_not_404() -> None:
-    from lorapool.router.scheduler import NoBackend
-
     async def run() -> str:
         pool = Pool({A: report(sql=LOADED), B: report()})
-        pool.scheduler.states[A].mark_down("connection refused")
+        backend = pool.scheduler.backend(A)
+        assert backend is not None
+        pool.scheduler.mark_down(backend, "connection refused")
         try:
             await pool.scheduler.acquire(Request("sql"))
-        except NoBackend as exc:
+        except Refused as exc:
+            assert exc.refusal.status == 503
             return str(exc)
         return "bound"
 

@@ -1,14 +1,8 @@
 """The grouping router: an adapter-aware OpenAI proxy in front of a pool's vLLM replicas.
 
-Pure core (no I/O, no asyncio, no aiohttp; an import-linter contract keeps it so): ``backend``
-(what a policy reads), ``policy`` (filters -> weighted scorers -> picker), ``plugin`` (a plugin's
-name, factory and weight), ``filters/``, ``scorers/`` and ``pickers`` (the plugins, one module
-each), ``registry`` (every plugin by name and the named ``--policy`` values), ``state``
-(per-backend accounting), ``waitqueue`` (per-adapter grouping queues), ``engine_metrics`` (vLLM
-/metrics parsing), ``discovery`` (EndpointSlices -> URLs and pods) and ``reports`` (the sidecars'
-reports -> where an adapter stands: loaded, loading, failed, unknown).
-
-Shell: ``app`` (aiohttp proxy), ``scheduler`` (binds requests late), ``poller``, ``kubewatch``
-(list+watch), ``endpointslices`` and ``podreports`` (the Kubernetes watches), ``telemetry``
-(Prometheus) and ``cli``.
+Pure core: ``core/`` (the policy, its plugins, per-backend accounting, wait queues, reports,
+discovery, request counts; see its docstring). Shell, around it: ``app`` (aiohttp proxy),
+``scheduler`` (binds requests late), ``poller``, ``kubewatch`` (list+watch), ``endpointslices``
+and ``podreports`` (the Kubernetes watches), ``publisher`` (request counts on the router's Pod),
+``telemetry`` (Prometheus), ``settings``, ``server`` (wiring) and ``cli``.
 """

@@ -22,9 +22,10 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from lorapool.api.requests import encode
-from lorapool.router.backend import Request
-from lorapool.router.requestcount import RequestCounter
-from lorapool.router.scheduler import Lease, NoBackend, QueueFull, Scheduler, StillLoading, UnknownModel
+from lorapool.router.core.admission import Refuse
+from lorapool.router.core.backend import Request
+from lorapool.router.core.requestcount import RequestCounter
+from lorapool.router.scheduler import Lease, Refused, Scheduler
 from lorapool.router.settings import RouterSettings
 from lorapool.router.telemetry import Telemetry
 
@@ -57,6 +58,12 @@ def error_response(
 ) -> web.Response:
     headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
     return web.json_response(error_body(status, message, kind, param), status=status, headers=headers)
+
+
+def refusal_response(refusal: Refuse, retry_after_s: int) -> web.Response:
+    """Admission's refusal as the client sees it: its status, message and, for 503/429, Retry-After."""
+    retry = retry_after_s if refusal.retry else None
+    return error_response(refusal.status, refusal.message, refusal.error_type, retry_after_s=retry, param=refusal.param)
 
 
 def forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
@@ -139,26 +146,16 @@ class Proxy:
         while True:
             try:
                 lease = await self.scheduler.acquire(req, frozenset(tried))
-            except NoBackend as exc:
-                msg = f"no backend can serve {req.model!r} now ({exc}); retry later"
-                return error_response(503, msg, "ServiceUnavailable", retry_after_s=retry_after)
-            except UnknownModel as exc:
-                # The sidecars' reason when their reports know why; else vLLM's own words.
-                msg = exc.reason or f"The model `{req.model}` does not exist."
-                return error_response(404, msg, "NotFoundError", param="model")
-            except StillLoading as exc:
-                return error_response(503, f"{exc}; retry later", "ServiceUnavailable", retry_after_s=retry_after)
-            except QueueFull as exc:
-                msg = f"the router is saturated ({exc}); retry later"
-                return error_response(429, msg, "RateLimitError", retry_after_s=retry_after)
+            except Refused as exc:
+                return refusal_response(exc.refusal, retry_after)
             try:
                 return await self._forward(request, body, lease, start)
             except _Retry as exc:
-                tried.add(lease.state.id)
+                tried.add(lease.backend)
                 self.telemetry.retries.labels(exc.reason).inc()
                 if exc.down:
-                    lease.state.mark_down(exc.reason)
-                log.debug("Retried request elsewhere", extra={"backend": lease.state.id})
+                    self.scheduler.mark_down(lease.state, exc.reason)
+                log.debug("Retried request elsewhere", extra={"backend": lease.backend})
             finally:
                 self.scheduler.release(lease)
 
@@ -173,7 +170,7 @@ class Proxy:
         return url
 
     async def _forward(self, request: web.Request, body: bytes, lease: Lease, start: float) -> web.StreamResponse:
-        backend = lease.state.id
+        backend = lease.backend
         url = self._upstream_url(backend, request)
         headers = forward_headers(request.headers)
         if "Authorization" in self.session.headers:
@@ -209,12 +206,7 @@ class Proxy:
 
     async def _model_missing(self, upstream: aiohttp.ClientResponse, lease: Lease) -> bool:
         """A 404 for the model means our view of the backend is stale: retry elsewhere."""
-        lease.state.forget_model(lease.req.model)
-        return any(
-            s.up and (models := s.served_models()) is not None and lease.req.model in models
-            for s in self.scheduler.states.values()
-            if s is not lease.state
-        )
+        return self.scheduler.model_missing(lease)
 
     async def _relay_stream(
         self,
@@ -255,14 +247,14 @@ class Proxy:
 
     def _failed_mid_response(self, lease: Lease, exc: BaseException) -> None:
         self.telemetry.upstream_failures.inc()
-        lease.state.mark_down(f"failed mid-response: {exc!r}")
-        log.warning("Marked backend down", extra={"backend": lease.state.id, "error": repr(exc)})
+        self.scheduler.mark_down(lease.state, f"failed mid-response: {exc!r}")
+        log.warning("Marked backend down", extra={"backend": lease.backend, "error": repr(exc)})
 
     # --- the rest -------------------------------------------------------------------------
     async def models(self, request: web.Request) -> web.Response:
         """The union of the models the backends serve, base models first."""
         cards: dict[str, Mapping[str, Any]] = {}
-        states = sorted(self.scheduler.states.values(), key=lambda s: (not s.up, s.id))
+        states = sorted(self.scheduler.backends(), key=lambda s: (not s.up, s.id))
         for state in states:
             for card in state.cards:
                 cards.setdefault(str(card["id"]), card)
@@ -271,7 +263,7 @@ class Proxy:
 
     async def health(self, request: web.Request) -> web.Response:
         """200 while at least one backend is up (readiness), else 503."""
-        states = list(self.scheduler.states.values())
+        states = self.scheduler.backends()
         up = sum(s.up for s in states)
         body = {"status": "ok" if up else "unavailable", "backends_up": up, "backends": len(states)}
         return web.json_response(body, status=200 if up else 503)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lorapool.router import registry
+from lorapool.router.core import registry
 from lorapool.router.settings import MIB, RouterSettings
 
 

@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from lorapool.router.discovery import SERVICE_NAME_LABEL, backend_targets, backend_urls
+from lorapool.router.core.discovery import SERVICE_NAME_LABEL, backend_targets, backend_urls
 from lorapool.router.kubewatch import ListWatch
 
 

@@ -14,8 +14,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from lorapool.router.core.reports import PodFacts, pod_facts
 from lorapool.router.kubewatch import ListWatch
-from lorapool.router.reports import PodFacts, pod_facts
 
 # After this many failed lists/watches in a row (~3.5 s of backoff), the reports are dropped and
 # /v1/models decides again: a stale "loading" would hold an adapter's requests, then 503 them,

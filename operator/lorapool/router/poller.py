@@ -13,10 +13,10 @@ from typing import Any
 
 import aiohttp
 
-from lorapool.router.engine_metrics import parse_engine_metrics
+from lorapool.api.vllm_metrics import parse_metrics
+from lorapool.router.core.state import ReadOnlyBackendState
 from lorapool.router.scheduler import Scheduler
 from lorapool.router.settings import RouterSettings
-from lorapool.router.state import BackendState
 
 log = logging.getLogger("lorapool.router.poller")
 
@@ -35,8 +35,7 @@ class Poller:
 
     async def poll_all(self) -> None:
         """One round over every backend (also used before the router starts serving)."""
-        states = list(self.scheduler.states.values())
-        await asyncio.gather(*(self._poll(s) for s in states))
+        await asyncio.gather(*(self._poll(s) for s in self.scheduler.backends()))
         self.scheduler.changed()
 
     async def run(self) -> None:
@@ -51,14 +50,14 @@ class Poller:
             resp.raise_for_status()
             return await (resp.json(content_type=None) if as_json else resp.text())
 
-    async def _poll(self, state: BackendState) -> None:
-        state.scrape_started()
+    async def _poll(self, state: ReadOnlyBackendState) -> None:
+        self.scheduler.scrape_started(state)
         try:
             page, models = await asyncio.gather(
                 self._get(f"{state.id}/metrics", as_json=False),
                 self._get(f"{state.id}/v1/models", as_json=True),
             )
-            metrics = parse_engine_metrics(page)
+            metrics = parse_metrics(page)
             cards = models.get("data") if isinstance(models, dict) else None
             if not isinstance(cards, list):
                 raise ValueError("/v1/models has no data list")
@@ -71,16 +70,14 @@ class Poller:
         self._failures.pop(state.id, None)
         if not state.up:
             log.info("Marked backend up", extra={"backend": state.id})
-        state.mark_up()
-        state.apply_metrics(metrics)
-        state.apply_models(c for c in cards if isinstance(c, dict))
+        self.scheduler.polled(state, metrics, (c for c in cards if isinstance(c, dict)))
 
-    def _failed(self, state: BackendState, reason: str, *, at_once: bool) -> None:
+    def _failed(self, state: ReadOnlyBackendState, reason: str, *, at_once: bool) -> None:
         count = self._failures.get(state.id, 0) + 1
         self._failures[state.id] = count
         if state.up and (at_once or count >= self.settings.poll_failures_down):
             log.warning("Marked backend down", extra={"backend": state.id, "reason": reason})
-            state.mark_down(reason)
+            self.scheduler.mark_down(state, reason)
 
     async def refresh_models(self) -> None:
         """Re-read /v1/models everywhere now (a model was unknown); at most once a second."""
@@ -93,12 +90,12 @@ class Poller:
         await asyncio.shield(self._models_refresh)
 
     async def _refresh_models(self) -> None:
-        async def one(state: BackendState) -> None:
+        async def one(state: ReadOnlyBackendState) -> None:
             try:
                 models = await self._get(f"{state.id}/v1/models", as_json=True)
             except (aiohttp.ClientError, TimeoutError, ValueError):
                 return
             if isinstance(models, dict) and isinstance(models.get("data"), list):
-                state.apply_models(c for c in models["data"] if isinstance(c, dict))
+                self.scheduler.models_read(state, (c for c in models["data"] if isinstance(c, dict)))
 
-        await asyncio.gather(*(one(s) for s in list(self.scheduler.states.values()) if s.up))
+        await asyncio.gather(*(one(s) for s in self.scheduler.backends() if s.up))

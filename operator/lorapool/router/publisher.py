@@ -23,7 +23,7 @@ import aiohttp
 from lorapool.api.requests import ANNOTATION, RequestWindow, encode
 from lorapool.podstatus import ApiServer, PodRef, patch_status
 from lorapool.podstatus import session as api_session
-from lorapool.router.requestcount import RequestCounter
+from lorapool.router.core.requestcount import RequestCounter
 
 log = logging.getLogger("lorapool.router.publisher")
 

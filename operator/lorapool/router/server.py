@@ -21,15 +21,15 @@ from aiohttp import web
 
 from lorapool.podstatus import PodRef, api_server
 from lorapool.render.names import ENGINE_API_KEY_ENV
-from lorapool.router import registry
 from lorapool.router.app import build_app
+from lorapool.router.core import registry
+from lorapool.router.core.reports import PodFacts, backend_reports
+from lorapool.router.core.requestcount import RequestCounter
 from lorapool.router.endpointslices import EndpointSliceWatch, parse_target
 from lorapool.router.kubewatch import ListWatch
 from lorapool.router.podreports import parse_pods_target, pod_report_watch
 from lorapool.router.poller import Poller
 from lorapool.router.publisher import Publisher
-from lorapool.router.reports import PodFacts, backend_reports
-from lorapool.router.requestcount import RequestCounter
 from lorapool.router.scheduler import Scheduler
 from lorapool.router.settings import RouterSettings
 from lorapool.router.telemetry import Telemetry
@@ -100,7 +100,7 @@ async def serve(settings: RouterSettings) -> None:
             """Give each backend its pod's report (by name from the slices or --backend-pod, else by IP)."""
             if settings.report_pods:
                 pod_of = {**static_pods, **(watch.targets if watch is not None else {})}
-                scheduler.set_reports(backend_reports(scheduler.states.keys(), pods, pod_of))
+                scheduler.set_reports(backend_reports((b.id for b in scheduler.backends()), pods, pod_of))
 
         def on_pods(facts: dict[str, PodFacts]) -> None:
             pods.clear()
@@ -137,15 +137,16 @@ async def serve(settings: RouterSettings) -> None:
         await runner.setup()
         site = web.TCPSite(runner, settings.host, settings.port, backlog=1024)
         await site.start()
-        up = sum(s.up for s in scheduler.states.values())
+        backends = scheduler.backends()
+        up = sum(s.up for s in backends)
         log.info(
             "Started router",
             extra={
                 "address": f"http://{settings.host}:{settings.port}",
                 "policy": settings.policy,
-                "backends": len(scheduler.states),
+                "backends": len(backends),
                 "backends_up": up,
-                "reports": sum(st.report is not None for st in scheduler.states.values()),
+                "reports": sum(st.report is not None for st in backends),
             },
         )
         polling = loop.create_task(poller.run())

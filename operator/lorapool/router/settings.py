@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from lorapool.api.common import RouterPolicy
-from lorapool.router.plugin import DEFAULT_LOAD_FACTOR, DEFAULT_LOAD_SLACK, PolicyParams
+from lorapool.router.core.plugin import DEFAULT_LOAD_FACTOR, DEFAULT_LOAD_SLACK, PolicyParams
 
 MIB = 1024 * 1024
 

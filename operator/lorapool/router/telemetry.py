@@ -19,8 +19,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from lorapool.router.backend import DecisionKind
-from lorapool.router.state import BackendState
+from lorapool.router.core.backend import DecisionKind
+from lorapool.router.core.state import ReadOnlyBackendState
 
 LATENCY_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -32,7 +32,7 @@ class _LiveGauges(Collector):
 
     def __init__(
         self,
-        backends: Callable[[], Iterable[BackendState]],
+        backends: Callable[[], Iterable[ReadOnlyBackendState]],
         depths: Callable[[], Mapping[str, int]],
         max_labels: int,
     ) -> None:
@@ -185,7 +185,7 @@ class Telemetry:
 
     def watch(
         self,
-        backends: Callable[[], Iterable[BackendState]],
+        backends: Callable[[], Iterable[ReadOnlyBackendState]],
         depths: Callable[[], Mapping[str, int]],
     ) -> None:
         """Export live gauges read from the scheduler at scrape time."""

@@ -5,19 +5,20 @@ nothing outside the pod polls an engine) and feeds each page to ``Window``; when
 closes its summary (``api.report.Observations``) goes into the sidecar's report, the one
 channel sizing and placement read.
 
-Which vLLM signals are trustworthy (checked against vLLM 0.32's CPU build in tests/conformance):
+Which vLLM signals are trustworthy (checked against vLLM 0.32's CPU build in tests/conformance);
+the page is read by the one reader, ``api.vllm_metrics`` (names per vLLM version, the "largest
+value is current" rule for ``vllm:lora_requests_info``):
 
 - ``vllm:num_requests_running`` / ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``
   and the ``vllm:num_preemptions_total`` counter: exact, read as they are;
-- ``vllm:lora_requests_info``: one series per label set whose value is the time it was last
-  set; older label sets stay on the page, so only the series with the largest value counts.
-  Its ``max_lora`` label is the engine's --max-loras. Its adapter lists, measured on vLLM 0.32's
-  CPU build (tests/engine/test_observations_real.py): both ``running_lora_adapters`` and
-  ``waiting_lora_adapters`` list the adapters of the *running* batch, the same names in both,
-  and adapters whose requests all wait are in neither. So the distinct adapters counted here are
-  those in the running batch: trustworthy, but censored at ``max_lora`` (demand beyond the slots
-  does not show); which adapters wait is not observable (``waiting_only`` stays empty on vLLM
-  0.32; an engine that keeps the lists apart fills it). The simulator lists waiting adapters too;
+- ``vllm:lora_requests_info``: its ``max_lora`` label is the engine's --max-loras. Its adapter
+  lists, measured on vLLM 0.32's CPU build (tests/engine/test_observations_real.py): both
+  ``running_lora_adapters`` and ``waiting_lora_adapters`` list the adapters of the *running*
+  batch, the same names in both, and adapters whose requests all wait are in neither. So the
+  distinct adapters counted here are those in the running batch: trustworthy, but censored at
+  ``max_lora`` (demand beyond the slots does not show); which adapters wait is not observable
+  (``waiting_only`` stays empty on vLLM 0.32; an engine that keeps the lists apart fills it). The
+  simulator lists waiting adapters too;
 - slot waits are therefore inferred from exact signals: requests waiting while every slot is
   busy (as many adapters running as ``max_lora``) and the KV cache has room;
 - the lists are a snapshot of the last engine step, not of the scrape instant: an idle
@@ -29,19 +30,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from lorapool.api.report import KV_FREE_BELOW, AdapterLoad, Observations
-
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
-KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-PREEMPTIONS = ("vllm:num_preemptions_total", "vllm:num_preemptions")
-LORA_INFO = "vllm:lora_requests_info"
-TTFT_BUCKET = "vllm:time_to_first_token_seconds_bucket"
-SUCCESS = ("vllm:request_success_total", "vllm:request_success")
-_WANTED = (RUNNING, WAITING, *KV_USAGE, *PREEMPTIONS, LORA_INFO, TTFT_BUCKET, *SUCCESS)
-FINISHED_OK = frozenset({"stop", "length"})  # finished_reason values that count as served (not abort)
+from lorapool.api.vllm_metrics import VllmMetrics, parse_metrics
 
 
 @dataclass(frozen=True)
@@ -57,6 +47,21 @@ class Sample:
     waiting_only: frozenset[str] = frozenset()  # listed waiting and not running
     ttft_buckets: tuple[tuple[float, float], ...] = ()  # (le, cumulative count), all label sets summed
     finished_total: float = 0.0  # requests finished with stop or length (vllm:request_success_total)
+
+    @classmethod
+    def of(cls, metrics: VllmMetrics) -> Sample:
+        """The sample of one page, as the one reader read it."""
+        return cls(
+            running=metrics.running,
+            waiting=metrics.waiting,
+            kv_usage=metrics.kv_usage,
+            preemptions_total=metrics.preemptions_total,
+            max_loras=metrics.max_loras,
+            inflight=metrics.listed_adapters,
+            waiting_only=metrics.waiting_only,
+            ttft_buckets=metrics.ttft_buckets,
+            finished_total=metrics.finished_total,
+        )
 
     @property
     def slot_bound(self) -> bool:
@@ -74,53 +79,9 @@ class Sample:
         return self.waiting > 0 and self.kv_usage >= KV_FREE_BELOW
 
 
-def _names(value: str) -> frozenset[str]:
-    return frozenset(n.strip() for n in value.split(",") if n.strip())
-
-
 def parse_sample(text: str) -> Sample:
     """Parse an engine's /metrics page; missing series keep their defaults, junk raises ValueError."""
-    lines = "\n".join(line for line in text.splitlines() if line.startswith(_WANTED)) + "\n"
-    running = waiting = kv = preemptions = 0.0
-    info: tuple[float, dict[str, str]] | None = None
-    buckets: dict[float, float] = {}
-    finished = 0.0
-    for family in text_string_to_metric_families(lines):
-        for s in family.samples:
-            if s.name == TTFT_BUCKET:
-                le = float(s.labels.get("le", "inf"))
-                buckets[le] = buckets.get(le, 0.0) + s.value
-            elif s.name in SUCCESS:
-                finished += s.value if s.labels.get("finished_reason") in FINISHED_OK else 0.0
-            elif s.name == RUNNING:
-                running += s.value
-            elif s.name == WAITING:
-                waiting += s.value
-            elif s.name in KV_USAGE:
-                kv = max(kv, s.value)
-            elif s.name in PREEMPTIONS:
-                preemptions += s.value
-            elif s.name == LORA_INFO and (info is None or s.value >= info[0]):
-                info = (s.value, dict(s.labels))
-    max_loras: int | None = None
-    inflight = waiting_only = frozenset[str]()
-    if info is not None:
-        labels = info[1]
-        raw = labels.get("max_lora", "")
-        max_loras = int(raw) if raw.isdigit() and int(raw) > 0 else None
-        run, wait = _names(labels.get("running_lora_adapters", "")), _names(labels.get("waiting_lora_adapters", ""))
-        inflight, waiting_only = run | wait, wait - run
-    return Sample(
-        running=int(running),
-        waiting=int(waiting),
-        kv_usage=min(max(kv, 0.0), 1.0),
-        preemptions_total=preemptions,
-        max_loras=max_loras,
-        inflight=inflight,
-        waiting_only=waiting_only,
-        ttft_buckets=tuple(sorted(buckets.items())),
-        finished_total=finished,
-    )
+    return Sample.of(parse_metrics(text))
 
 
 def histogram_quantile(

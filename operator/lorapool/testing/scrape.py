@@ -1,8 +1,8 @@
 """Read a Prometheus /metrics page: the one scraper of tests, benchmark and playground.
 
 Parsing uses prometheus_client's own parser, so a page that a real Prometheus would reject
-fails here too. The router has its own, narrower reader of engine metrics on its hot path
-(``lorapool.router.engine_metrics``); this module is for everything that is not a product path.
+fails here too. The product's router and sidecar read engine pages with the one typed reader
+(``lorapool.api.vllm_metrics``); this module is for everything that is not a product path.
 
     page = scrape("http://127.0.0.1:8000")
     running = metric_value(page, "vllm:num_requests_running")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lorapool.router.policy import Filter, HoldRule, Picker, Scorer
+from lorapool.router.core.policy import Filter, HoldRule, Picker, Scorer
 
 DEFAULT_LOAD_FACTOR = 1.25
 DEFAULT_LOAD_SLACK = 2.0

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from lorapool.router.plugin import PickerPlugin
+from lorapool.router.core.plugin import PickerPlugin
 
 TIE_EPSILON = 1e-9
 

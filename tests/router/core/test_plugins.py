@@ -11,15 +11,16 @@ from typing import Any
 
 import pytest
 
-import lorapool.router.filters
-import lorapool.router.scorers
-from lorapool.router import registry
-from lorapool.router.backend import Backend, Request
-from lorapool.router.filters.bounded_load import bounded_load
-from lorapool.router.pickers import HighestScore, RoundRobin
-from lorapool.router.plugin import FilterPlugin, HoldPlugin, PickerPlugin, PolicyParams, ScorerPlugin
-from lorapool.router.scorers import lora_affinity
-from lorapool.router.scorers.rendezvous import rendezvous_weight
+import lorapool.router.core.filters
+import lorapool.router.core.scorers
+from lorapool.api.report import AdapterReport, ReplicaPhase, ReplicaReport
+from lorapool.router.core import registry
+from lorapool.router.core.backend import Backend, Request
+from lorapool.router.core.filters.bounded_load import bounded_load
+from lorapool.router.core.pickers import HighestScore, RoundRobin
+from lorapool.router.core.plugin import FilterPlugin, HoldPlugin, PickerPlugin, PolicyParams, ScorerPlugin
+from lorapool.router.core.scorers import lora_affinity
+from lorapool.router.core.scorers.rendezvous import rendezvous_weight
 
 A = Request("a")
 BASE = Request("base", is_adapter=False)
@@ -214,7 +215,7 @@ def modules_of(package: Any) -> list[str]:
 
 @pytest.mark.parametrize(
     ("package", "registered"),
-    [(lorapool.router.filters, registry.FILTERS), (lorapool.router.scorers, registry.SCORERS)],
+    [(lorapool.router.core.filters, registry.FILTERS), (lorapool.router.core.scorers, registry.SCORERS)],
     ids=["filters", "scorers"],
 )
 def test_every_plugin_module_declares_one_registered_plugin(package: Any, registered: Sequence[Any]) -> None:
@@ -233,6 +234,7 @@ PERTURBED: dict[str, Any] = {
     "cached": frozenset({"a", "base"}),
     "load": 13,
     "kv_usage": 0.77,
+    "report": ReplicaReport(engine_healthy=True, adapters={"a": AdapterReport(ReplicaPhase.FAILED, "x")}),
 }
 BACKEND_FIELDS = {f.name for f in dataclasses.fields(Backend)}
 REQUEST_FIELDS = {f.name for f in dataclasses.fields(Request)}

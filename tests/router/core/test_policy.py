@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 
 from lorapool.api.common import RouterPolicy
-from lorapool.router import registry
-from lorapool.router.backend import Backend, DecisionKind, Request, classify
-from lorapool.router.filters import bounded_load
-from lorapool.router.plugin import PolicyParams
-from lorapool.router.registry import build
-from lorapool.router.scorers.lora_affinity import LEVELS
-from lorapool.router.state import BackendState
+from lorapool.router.core import registry
+from lorapool.router.core.backend import Backend, DecisionKind, Request, classify
+from lorapool.router.core.filters import bounded_load
+from lorapool.router.core.plugin import PolicyParams
+from lorapool.router.core.registry import build
+from lorapool.router.core.scorers.lora_affinity import LEVELS
+from lorapool.router.core.state import BackendState
 
 AFFINITY, LEAST_LOADED, ROUND_ROBIN = RouterPolicy.AFFINITY, RouterPolicy.LEAST_LOADED, RouterPolicy.ROUND_ROBIN
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 
 from lorapool.api.requests import MAX_ADAPTERS, RequestWindow, decode, encode
-from lorapool.router.requestcount import RequestCounter
+from lorapool.router.core.requestcount import RequestCounter
 
 WALL0 = 1_760_000_000.0  # the wall clock when the monotonic clock reads 0
 

@@ -7,8 +7,9 @@ during the scrape is "foreign" and counted until the next scrape; what the route
 sent is counted from its own books only, so a request that just finished frees its slot at
 once instead of a poll later.
 
-The shell (``scheduler``, ``poller``) mutates a ``BackendState``; policies only see the
-``Backend`` view it builds. Not thread-safe: one event loop owns it.
+Only the scheduler changes a ``BackendState`` (the poller and the proxy tell it what they saw);
+the other shells read it as a ``ReadOnlyBackendState``, and policies see only the ``Backend``
+view it builds. Not thread-safe: one event loop owns it.
 """
 
 from __future__ import annotations
@@ -16,15 +17,32 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from itertools import islice
-from typing import Any
+from typing import Any, Protocol
 
 from lorapool.api.report import ReplicaReport
-from lorapool.router.backend import Backend
-from lorapool.router.engine_metrics import EngineMetrics
-from lorapool.router.reports import served
+from lorapool.api.vllm_metrics import VllmMetrics
+from lorapool.router.core.backend import Backend
+from lorapool.router.core.reports import served
 
 # How many recently-run adapters to remember per backend (bounds memory with 1000s of adapters).
 RECENT_LIMIT = 4096
+
+
+class ReadOnlyBackendState(Protocol):
+    """What a shell may read of a backend's state (``Scheduler.backends``); only the scheduler writes."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def up(self) -> bool: ...
+    @property
+    def report(self) -> ReplicaReport | None: ...
+    @property
+    def cards(self) -> tuple[Mapping[str, Any], ...]: ...
+    @property
+    def inflight_total(self) -> int: ...
+    def served_models(self) -> frozenset[str] | None: ...
+    def view(self) -> Backend: ...
 
 
 class BackendState:
@@ -46,7 +64,7 @@ class BackendState:
         self.base_models: frozenset[str] = frozenset()
         self.cards: tuple[Mapping[str, Any], ...] = ()
         self.kv_usage = 0.0
-        self.engine = EngineMetrics()
+        self.engine = VllmMetrics()
         self.inflight_total = 0
         self.adapter_inflight: dict[str, int] = {}
         self.foreign_active: frozenset[str] = frozenset()
@@ -99,7 +117,7 @@ class BackendState:
         """Remember what the router had in flight while the engine's metrics are taken."""
         self._scrape = (set(self.adapter_inflight), self.inflight_total)
 
-    def apply_metrics(self, metrics: EngineMetrics) -> None:
+    def apply_metrics(self, metrics: VllmMetrics) -> None:
         """Fold one scrape in: foreign adapters and load, slots, KV usage, warm adapters."""
         seen, peak = self._scrape if self._scrape is not None else (set(self.adapter_inflight), 0)
         self._scrape = None
@@ -111,7 +129,7 @@ class BackendState:
         self.foreign_load = max(0, metrics.running + metrics.waiting - peak)
         # vLLM stamps lora_requests_info after each step, so an idle engine keeps reporting
         # the adapters of its last step: trust foreign adapters only with foreign load.
-        foreign = metrics.active_adapters - seen if self.foreign_load else frozenset()
+        foreign = metrics.listed_adapters - seen if self.foreign_load else frozenset()
         self.foreign_active = frozenset(foreign)
         for name in metrics.running_adapters - self.adapter_inflight.keys():
             self._touch(name)
@@ -172,6 +190,7 @@ class BackendState:
             cached=cached,
             load=self.inflight_total + self.foreign_load,
             kv_usage=self.kv_usage,
+            report=self.report,
         )
 
     def _touch(self, model: str) -> None:

@@ -1,9 +1,9 @@
 """A routing policy: filters -> weighted scorers -> one picker. Pure.
 
 Filters drop backends that must not take the request; scorers rate the survivors in [0, 1]
-and carry a weight; the picker turns the weighted sums into one backend id. ``choose``
-returns None when a filter leaves nothing, which the shell turns into 503/404 or, for the
-LoRA-slot filter, into waiting in a per-adapter queue.
+and carry a weight; the picker turns the weighted sums into one backend id. ``filter`` says
+which filter left nothing (by its plugin name), so ``admission`` can answer why (503, 404, a
+hold for a slot or a load) without running the filters again.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from lorapool.router.backend import Backend, Request
+from lorapool.router.core.backend import Backend, Request
 
 Filter = Callable[[Request, Sequence[Backend]], Sequence[Backend]]
 Scorer = Callable[[Request, Sequence[Backend]], Mapping[str, float]]  # backend id -> [0, 1]
@@ -26,17 +26,18 @@ class Policy:
     """A named composition of plugins; ``registry`` builds the ones the router ships."""
 
     name: str
-    filters: tuple[Filter, ...]
+    filters: tuple[tuple[str, Filter], ...]  # (plugin name, filter), applied in order
     scorers: tuple[tuple[Scorer, float], ...]
     picker: Picker
 
-    def candidates(self, req: Request, backends: Sequence[Backend]) -> Sequence[Backend]:
-        """The backends that survive every filter (empty when one filter leaves none)."""
-        for keep in self.filters:
+    def filter(self, req: Request, backends: Sequence[Backend]) -> tuple[Sequence[Backend], str]:
+        """The backends that survive every filter, and the name of the filter that left none
+        ("" when some survive)."""
+        for name, keep in self.filters:
             backends = keep(req, backends)
             if not backends:
-                return ()
-        return backends
+                return (), name
+        return backends, ""
 
     def scores(self, req: Request, backends: Sequence[Backend]) -> dict[str, float]:
         """Weighted score per surviving backend; each scorer's output is clamped to [0, 1]."""
@@ -47,12 +48,13 @@ class Policy:
                     total[bid] += weight * min(max(s, 0.0), 1.0)
         return total
 
+    def pick(self, req: Request, survivors: Sequence[Backend]) -> str | None:
+        """The id of the best of ``survivors`` (the output of ``filter``); None when there are none."""
+        return self.picker(self.scores(req, survivors)) if survivors else None
+
     def choose(self, req: Request, backends: Sequence[Backend]) -> str | None:
         """The id of the backend to send ``req`` to, or None when no backend may take it."""
-        survivors = self.candidates(req, backends)
-        if not survivors:
-            return None
-        return self.picker(self.scores(req, survivors))
+        return self.pick(req, self.filter(req, backends)[0])
 
 
 @dataclass(frozen=True)
@@ -61,8 +63,8 @@ class Scheduling:
 
     strict: Policy
     fallback: Policy
-    # When the strict policy returns None for a live pool: whether the request waits (None:
-    # the policy never holds, the request gets 503).
+    # When the strict policy leaves no backend for a live pool that serves the model: whether
+    # the request waits (None: the policy never holds, the request gets 503).
     hold: HoldRule | None = None
 
     @property

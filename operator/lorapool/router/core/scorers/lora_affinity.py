@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from lorapool.router.backend import Backend, Request
-from lorapool.router.plugin import ScorerPlugin
+from lorapool.router.core.backend import Backend, Request
+from lorapool.router.core.plugin import ScorerPlugin
 
 ACTIVE, WARM, CACHED, COLD, FULL = 1.0, 0.8, 0.6, 0.4, 0.0
 LEVELS = (ACTIVE, WARM, CACHED, COLD, FULL)

@@ -24,19 +24,19 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from lorapool.api.common import RouterPolicy
-from lorapool.router.filters.bounded_load import PLUGIN as BOUNDED_LOAD
-from lorapool.router.filters.healthy import PLUGIN as HEALTHY
-from lorapool.router.filters.lora_slots import PLUGIN as LORA_SLOTS
-from lorapool.router.filters.serves_model import PLUGIN as SERVES_MODEL
-from lorapool.router.hold_rules import ALWAYS, IF_ACTIVE
-from lorapool.router.pickers import HIGHEST_SCORE, ROUND_ROBIN
-from lorapool.router.plugin import FilterPlugin, HoldPlugin, PickerPlugin, Plugin, PolicyParams, ScorerPlugin
-from lorapool.router.policy import Policy, Scheduling
-from lorapool.router.scorers.kv_cache import PLUGIN as KV_CACHE
-from lorapool.router.scorers.least_load import PLUGIN as LEAST_LOAD
-from lorapool.router.scorers.lora_affinity import PLUGIN as LORA_AFFINITY
-from lorapool.router.scorers.rendezvous import PLUGIN as RENDEZVOUS
-from lorapool.router.scorers.slot_pressure import PLUGIN as SLOT_PRESSURE
+from lorapool.router.core.filters.bounded_load import PLUGIN as BOUNDED_LOAD
+from lorapool.router.core.filters.healthy import PLUGIN as HEALTHY
+from lorapool.router.core.filters.lora_slots import PLUGIN as LORA_SLOTS
+from lorapool.router.core.filters.serves_model import PLUGIN as SERVES_MODEL
+from lorapool.router.core.hold_rules import ALWAYS, IF_ACTIVE
+from lorapool.router.core.pickers import HIGHEST_SCORE, ROUND_ROBIN
+from lorapool.router.core.plugin import FilterPlugin, HoldPlugin, PickerPlugin, Plugin, PolicyParams, ScorerPlugin
+from lorapool.router.core.policy import Policy, Scheduling
+from lorapool.router.core.scorers.kv_cache import PLUGIN as KV_CACHE
+from lorapool.router.core.scorers.least_load import PLUGIN as LEAST_LOAD
+from lorapool.router.core.scorers.lora_affinity import PLUGIN as LORA_AFFINITY
+from lorapool.router.core.scorers.rendezvous import PLUGIN as RENDEZVOUS
+from lorapool.router.core.scorers.slot_pressure import PLUGIN as SLOT_PRESSURE
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class Profile:
     def build(self, name: str, params: PolicyParams) -> Policy:
         return Policy(
             name,
-            tuple(f.build(params) for f in self.filters),
+            tuple((f.name, f.build(params)) for f in self.filters),
             tuple(s.build(params) for s in self.scorers),
             self.picker.build(params),
         )

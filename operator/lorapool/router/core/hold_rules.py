@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from lorapool.router.backend import Backend, Request
-from lorapool.router.plugin import HoldPlugin
+from lorapool.router.core.backend import Backend, Request
+from lorapool.router.core.plugin import HoldPlugin
 
 
 def always(req: Request, backends: Sequence[Backend]) -> bool:

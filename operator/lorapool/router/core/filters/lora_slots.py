@@ -5,16 +5,16 @@ vLLM admits a request only when its adapter is already in the running batch or f
 change stalls the whole batch. Keeps: backends where the adapter is already in flight or fewer
 than ``max_loras`` distinct adapters are in flight; every backend for a base-model request.
 Reads: ``active``, ``max_loras``, ``model``, ``is_adapter``. An empty result is not an error:
-the shell holds the request in the adapter's wait queue and binds it when a slot frees (or
-best-effort after a bounded wait).
+admission holds the request (``Hold(slot)``) in the adapter's wait queue and binds it when a
+slot frees (or best-effort after a bounded wait).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from lorapool.router.backend import Backend, Request
-from lorapool.router.plugin import FilterPlugin
+from lorapool.router.core.backend import Backend, Request
+from lorapool.router.core.plugin import FilterPlugin
 
 
 def lora_slots(req: Request, backends: Sequence[Backend]) -> Sequence[Backend]:

@@ -2,15 +2,16 @@
 
 Keeps: backends whose model list has ``req.model``, and backends not polled yet (``models`` is
 None), so a fresh router does not answer 404 before its first poll. Reads: ``models``,
-``model``. An empty result means no replica knows the model.
+``model``. An empty result means no live replica serves the model: admission asks the
+sidecars' reports where it stands (loading: hold; failed or unknown: 404).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from lorapool.router.backend import Backend, Request
-from lorapool.router.plugin import FilterPlugin
+from lorapool.router.core.backend import Backend, Request
+from lorapool.router.core.plugin import FilterPlugin
 
 
 def serves_model(req: Request, backends: Sequence[Backend]) -> Sequence[Backend]:

@@ -10,6 +10,8 @@ from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from lorapool.api.report import ReplicaReport
+
 
 @dataclass(frozen=True, slots=True)
 class Request:
@@ -40,6 +42,9 @@ class Backend:
     load: int = 0
     # Fraction of the KV cache in use, 0..1 (vllm:kv_cache_usage_perc).
     kv_usage: float = 0.0
+    # The sidecar's usable report on the replica's pod (None: none; ``models`` then comes from
+    # /v1/models). Admission reads it to say where an adapter stands (``reports.standing``).
+    report: ReplicaReport | None = None
 
     def slots_used(self) -> int:
         """Distinct adapters in flight: vLLM runs at most ``max_loras`` of them at once."""

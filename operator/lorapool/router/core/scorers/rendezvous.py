@@ -12,8 +12,8 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
-from lorapool.router.backend import Backend, Request
-from lorapool.router.plugin import ScorerPlugin
+from lorapool.router.core.backend import Backend, Request
+from lorapool.router.core.plugin import ScorerPlugin
 
 
 @lru_cache(maxsize=65536)

@@ -18,9 +18,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from lorapool.router.backend import Backend, Request
-from lorapool.router.plugin import FilterPlugin, PolicyParams
-from lorapool.router.policy import Filter
+from lorapool.router.core.backend import Backend, Request
+from lorapool.router.core.plugin import FilterPlugin, PolicyParams
+from lorapool.router.core.policy import Filter
 
 DEFAULT_FACTOR = 1.25
 DEFAULT_SLACK = 0.0

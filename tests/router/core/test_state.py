@@ -1,4 +1,4 @@
-"""Tests of per-backend accounting, vLLM metrics parsing, wait queues and slice discovery."""
+"""Tests of per-backend accounting, wait queues and slice discovery (the metrics reader: tests/api)."""
 
 from __future__ import annotations
 
@@ -6,54 +6,10 @@ from typing import Any
 
 import pytest
 
-from lorapool.router.discovery import backend_urls
-from lorapool.router.engine_metrics import EngineMetrics, parse_engine_metrics
-from lorapool.router.state import BackendState
-from lorapool.router.waitqueue import WaitQueues
-
-VLLM_PAGE = """\
-# HELP vllm:num_requests_running Number of requests in model execution batches.
-# TYPE vllm:num_requests_running gauge
-vllm:num_requests_running{engine="0",model_name="base"} 3.0
-# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
-# TYPE vllm:num_requests_waiting gauge
-vllm:num_requests_waiting{engine="0",model_name="base"} 2.0
-# TYPE vllm:kv_cache_usage_perc gauge
-vllm:kv_cache_usage_perc{engine="0",model_name="base"} 0.42
-# TYPE vllm:lora_requests_info gauge
-vllm:lora_requests_info{max_lora="4",running_lora_adapters="old",waiting_lora_adapters=""} 1.7e9
-vllm:lora_requests_info{max_lora="4",running_lora_adapters="a,b",waiting_lora_adapters="c"} 1.8e9
-# TYPE vllm:time_to_first_token_seconds histogram
-vllm:time_to_first_token_seconds_bucket{le="0.1",model_name="base"} 5.0
-"""
-
-
-@pytest.mark.parametrize(
-    ("page", "expected"),
-    [
-        (
-            VLLM_PAGE,
-            EngineMetrics(3, 2, 0.42, 4, frozenset({"a", "b"}), frozenset({"c"})),
-        ),
-        ("", EngineMetrics()),
-        (
-            "vllm:gpu_cache_usage_perc 0.5\nvllm:num_requests_running 1\n",
-            EngineMetrics(running=1, kv_usage=0.5),
-        ),
-        (
-            'vllm:lora_requests_info{max_lora="x",running_lora_adapters=" a , ",waiting_lora_adapters=""} 1\n',
-            EngineMetrics(running_adapters=frozenset({"a"})),
-        ),
-    ],
-    ids=["vllm page, newest lora info wins", "empty page", "pre-0.10 kv name", "odd labels"],
-)
-def test_parse_engine_metrics(page: str, expected: EngineMetrics) -> None:
-    assert parse_engine_metrics(page) == expected
-
-
-def test_parse_engine_metrics_rejects_junk() -> None:
-    with pytest.raises(ValueError):
-        parse_engine_metrics("vllm:num_requests_running{ not prometheus\n")
+from lorapool.api.vllm_metrics import VllmMetrics
+from lorapool.router.core.discovery import backend_urls
+from lorapool.router.core.state import BackendState
+from lorapool.router.core.waitqueue import WaitQueues
 
 
 def up(url: str = "b", **kw: Any) -> BackendState:
@@ -80,7 +36,7 @@ def test_foreign_adapters_come_from_the_engine_but_not_our_finished_ones() -> No
     s.begin("mine", is_adapter=True)
     s.scrape_started()
     s.end("mine", is_adapter=True)  # finished while the scrape was in flight
-    s.apply_metrics(EngineMetrics(running=2, waiting=1, running_adapters=frozenset({"mine", "theirs"})))
+    s.apply_metrics(VllmMetrics(running=2, waiting=1, running_adapters=frozenset({"mine", "theirs"})))
     view = s.view()
     assert dict(view.active) == {"theirs": 1}
     assert view.load == 2  # 3 in the engine, 1 of them ours
@@ -89,7 +45,7 @@ def test_foreign_adapters_come_from_the_engine_but_not_our_finished_ones() -> No
 
 def test_engine_reported_slots_override_the_default() -> None:
     s = up(max_loras=1)
-    s.apply_metrics(EngineMetrics(max_loras=8))
+    s.apply_metrics(VllmMetrics(max_loras=8))
     assert s.view().max_loras == 8
 
 
@@ -115,7 +71,7 @@ def test_models_split_base_from_adapters_and_forget() -> None:
 
 def test_mark_down_forgets_foreign_load() -> None:
     s = up()
-    s.apply_metrics(EngineMetrics(running=5, running_adapters=frozenset({"x"})))
+    s.apply_metrics(VllmMetrics(running=5, running_adapters=frozenset({"x"})))
     s.mark_down("connect refused")
     view = s.view()
     assert (view.up, view.load, dict(view.active)) == (False, 0, {})

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from lorapool.router.backend import Backend, Request
-from lorapool.router.plugin import ScorerPlugin
+from lorapool.router.core.backend import Backend, Request
+from lorapool.router.core.plugin import ScorerPlugin
 
 
 def kv_cache(req: Request, backends: Sequence[Backend]) -> Mapping[str, float]:

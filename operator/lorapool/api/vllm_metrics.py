@@ -1,0 +1,198 @@
+"""The one reader of a vLLM ``/metrics`` page: text in, a typed ``VllmMetrics`` out. Pure.
+
+The router (``router.core.state``: foreign load, slots, KV usage) and the sidecar
+(``sidecar.observations``: the sizing window) both read an engine's page through
+``parse_metrics``; the import contracts keep router, sidecar and simulator apart, so the reader
+lives here, below all three.
+
+What differs between vLLM versions lives in ``FAMILIES``, one row per version family: which
+metric names the family exposes for each fact. Adding a version is adding a row; a fact a row
+does not name is not read. ``parse_metrics(text, version)`` reads by the row of ``version``;
+without one (no caller knows its engine's version yet) by ``DEFAULT_FAMILY``, the CPU tier's. A
+version no row knows is reported as such (``VllmMetrics.family`` is None) and nothing on its page
+is read: an unknown engine is never misread as a known one.
+
+Meanings shared by every family so far (section 1 of the design):
+
+- ``vllm:num_requests_running`` / ``vllm:num_requests_waiting``: summed over the page's label
+  sets; ``vllm:kv_cache_usage_perc``: the largest, clamped to [0, 1];
+- ``vllm:lora_requests_info{max_lora,running_lora_adapters,waiting_lora_adapters}``: one series
+  per label set whose value is the Unix time it was last set; older label sets stay on the page,
+  so the sample with the largest value is current. Its lists are comma-separated adapter names;
+  ``max_lora`` is the engine's ``--max-loras`` (decimal digits, else not read). Which adapters
+  each list holds while requests wait for a slot is measured, not assumed: see
+  ``sidecar.observations`` and tests/engine/test_observations_real.py;
+- counters (preemptions, finished requests, the TTFT histogram's buckets) are read as totals:
+  their users take differences between two pages.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import NamedTuple
+
+from prometheus_client.parser import text_string_to_metric_families
+
+# finished_reason values that count as served (not abort), for ``finished_total``.
+FINISHED_OK = frozenset({"stop", "length"})
+
+
+@dataclass(frozen=True)
+class Family:
+    """The metric names one vLLM version family exposes, fact by fact.
+
+    A tuple lists every name the fact has had, the current one first; older names stay because a
+    page never carries two of them. None: the family does not expose the fact."""
+
+    name: str
+    running: str = "vllm:num_requests_running"
+    waiting: str = "vllm:num_requests_waiting"
+    kv_usage: tuple[str, ...] = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # the 2nd before 0.10
+    preemptions: tuple[str, ...] = ("vllm:num_preemptions_total", "vllm:num_preemptions")
+    finished: tuple[str, ...] = ("vllm:request_success_total", "vllm:request_success")
+    ttft_bucket: str = "vllm:time_to_first_token_seconds_bucket"
+    lora_info: str | None = "vllm:lora_requests_info"
+    # Per-adapter residency (vllm #54830, in review; no supported family exposes them yet):
+    # one series per loaded adapter, ``{adapter_name, level, pinned, rank}``; adapters in GPU slots;
+    # GPU slots.
+    adapter_loaded: str | None = None
+    gpu_loaded: str | None = None
+    max_gpu: str | None = None
+
+    def names(self) -> tuple[str, ...]:
+        """Every sample name this family's reading looks at."""
+        one = (self.running, self.waiting, self.ttft_bucket, self.lora_info)
+        gauges = (self.adapter_loaded, self.gpu_loaded, self.max_gpu)
+        many = (*self.kv_usage, *self.preemptions, *self.finished)
+        return tuple(n for n in (*one, *gauges, *many) if n is not None)
+
+
+# One row per vLLM version family ("major.minor"). 0.32: the CPU build the real-engine tier runs
+# (tests/conformance, tests/engine).
+FAMILIES: Mapping[str, Family] = MappingProxyType({f.name: f for f in (Family("0.32"),)})
+DEFAULT_FAMILY = "0.32"
+
+_VERSION = re.compile(r"v?(\d+)\.(\d+)")
+
+
+def family_of(version: str | None) -> Family | None:
+    """The row that reads ``version`` (``0.32.0``, ``v0.32.1rc1``...); the default row when no
+    version is given; None for a version no row knows."""
+    if version is None:
+        return FAMILIES[DEFAULT_FAMILY]
+    match = _VERSION.match(version.strip())
+    return FAMILIES.get(f"{match[1]}.{match[2]}") if match else None
+
+
+class LoadedAdapter(NamedTuple):
+    """One adapter an engine holds, by its per-adapter residency gauge."""
+
+    level: str  # "gpu" (a slot) or "cpu" (the CPU LoRA cache)
+    pinned: bool
+    rank: int | None
+
+
+@dataclass(frozen=True)
+class VllmMetrics:
+    """One page of an engine's metrics, read by its version's row (defaults: not on the page)."""
+
+    family: str | None = DEFAULT_FAMILY  # the row it was read by; None: unknown version, nothing read
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0  # 0..1
+    preemptions_total: float = 0.0
+    finished_total: float = 0.0  # requests finished with stop or length
+    ttft_buckets: tuple[tuple[float, float], ...] = ()  # (le, cumulative count), label sets summed
+    # The current vllm:lora_requests_info sample (max_loras None: no sample or no usable max_lora).
+    max_loras: int | None = None
+    running_adapters: frozenset[str] = frozenset()
+    waiting_adapters: frozenset[str] = frozenset()
+    # Per-adapter residency gauges; None where the family does not expose them.
+    loaded_adapters: Mapping[str, LoadedAdapter] | None = None
+    gpu_loaded: int | None = None
+    max_gpu: int | None = None
+
+    @property
+    def listed_adapters(self) -> frozenset[str]:
+        """Every adapter the current LoRA sample lists, running or waiting."""
+        return self.running_adapters | self.waiting_adapters
+
+    @property
+    def waiting_only(self) -> frozenset[str]:
+        """Adapters listed waiting and not running."""
+        return self.waiting_adapters - self.running_adapters
+
+
+def _names(value: str) -> frozenset[str]:
+    return frozenset(n.strip() for n in value.split(",") if n.strip())
+
+
+def _count(raw: str) -> int | None:
+    """A positive count as vLLM writes it (decimal digits); None for anything else."""
+    return int(raw) if raw.isascii() and raw.isdigit() and int(raw) > 0 else None
+
+
+def _samples(text: str, wanted: tuple[str, ...]) -> Iterator[tuple[str, Mapping[str, str], float]]:
+    """(name, labels, value) of the samples whose line starts with a wanted name; the rest is not
+    parsed (a page has ~60 families). Junk among the wanted lines raises ValueError."""
+    lines = "\n".join(line for line in text.splitlines() if line.startswith(wanted)) + "\n"
+    for family in text_string_to_metric_families(lines):
+        for s in family.samples:
+            yield s.name, s.labels, s.value
+
+
+def parse_metrics(text: str, version: str | None = None) -> VllmMetrics:
+    """Read an engine's /metrics page by the row of ``version`` (see the module docstring)."""
+    row = family_of(version)
+    return parse_with(text, row) if row is not None else VllmMetrics(family=None)
+
+
+def parse_with(text: str, row: Family) -> VllmMetrics:
+    """Read a page by one row of the table; missing series keep their defaults, junk raises ValueError."""
+    running = waiting = kv = preemptions = finished = 0.0
+    info: tuple[float, Mapping[str, str]] | None = None
+    buckets: dict[float, float] = {}
+    loaded: dict[str, LoadedAdapter] | None = {} if row.adapter_loaded else None
+    gauges: dict[str, int] = {}
+    for name, labels, value in _samples(text, row.names()):
+        if name == row.ttft_bucket:
+            le = float(labels.get("le", "inf"))
+            buckets[le] = buckets.get(le, 0.0) + value
+        elif name in row.finished:
+            finished += value if labels.get("finished_reason") in FINISHED_OK else 0.0
+        elif name == row.running:
+            running += value
+        elif name == row.waiting:
+            waiting += value
+        elif name in row.kv_usage:
+            kv = max(kv, value)
+        elif name in row.preemptions:
+            preemptions += value
+        elif name == row.lora_info and (info is None or value >= info[0]):
+            info = (value, labels)
+        elif name == row.adapter_loaded and loaded is not None and value > 0 and labels.get("adapter_name"):
+            rank = labels.get("rank", "")
+            loaded[labels["adapter_name"]] = LoadedAdapter(
+                labels.get("level", ""), labels.get("pinned") == "true", int(rank) if rank.isdigit() else None
+            )
+        elif name in (row.gpu_loaded, row.max_gpu):
+            gauges[name] = gauges.get(name, 0) + int(value)
+    lora = info[1] if info is not None else {}
+    return VllmMetrics(
+        family=row.name,
+        running=int(running),
+        waiting=int(waiting),
+        kv_usage=min(max(kv, 0.0), 1.0),
+        preemptions_total=preemptions,
+        finished_total=finished,
+        ttft_buckets=tuple(sorted(buckets.items())),
+        max_loras=_count(lora.get("max_lora", "")),
+        running_adapters=_names(lora.get("running_lora_adapters", "")),
+        waiting_adapters=_names(lora.get("waiting_lora_adapters", "")),
+        loaded_adapters=MappingProxyType(loaded) if loaded is not None else None,
+        gpu_loaded=gauges.get(row.gpu_loaded) if row.gpu_loaded else None,
+        max_gpu=gauges.get(row.max_gpu) if row.max_gpu else None,
+    )
