@@ -51,9 +51,17 @@ def plan_for(p: LoRAPool, tuned: int | None = None) -> Plan:
     return plan_pool(p.spec, ADAPTERS, tuned=tuned)
 
 
-def window(max_loras: int, *, end: float = NOW - 10, p95: float = 8.0, ttft: float = 0.5, done: int = 600) -> PodWindow:
+def window(
+    max_loras: int,
+    *,
+    end: float = NOW - 10,
+    p95: float = 8.0,
+    ttft: float = 0.5,
+    done: int = 600,
+    pod: str = "engine-0",
+) -> PodWindow:
     return PodWindow(
-        "engine-0",
+        pod,
         Observations(
             window_s=60.0,
             end=end,
@@ -95,7 +103,7 @@ def sizing(applied: int, previous: int, *, ago_s: float, verdict: str, **kw: Any
 
 def test_recommend_only_writes_the_recommendation_and_changes_nothing() -> None:
     p = pool()
-    result = size(p, plan_for(p), None, [window(AUTO_SLOTS)], NOW)
+    result = size(p, plan_for(p), None, [window(AUTO_SLOTS)], NOW, serving=1)
     assert result.sizing is None and result.events == ()
     r = result.recommendation
     assert r is not None and (r.action, r.max_loras, r.current) == ("Shrink", 10, AUTO_SLOTS)
@@ -105,13 +113,13 @@ def test_recommend_only_writes_the_recommendation_and_changes_nothing() -> None:
 
 def test_windows_of_engines_on_other_flags_are_not_evidence() -> None:
     p = pool()
-    r = size(p, plan_for(p), None, [window(AUTO_SLOTS + 1)], NOW).recommendation
+    r = size(p, plan_for(p), None, [window(AUTO_SLOTS + 1)], NOW, serving=1).recommendation
     assert r is not None and r.action == "InsufficientData" and r.max_loras == AUTO_SLOTS
 
 
 def test_turning_apply_off_drops_the_applied_value_with_an_event() -> None:
     p = pool(apply=False)
-    result = size(p, plan_for(p), sizing(67, AUTO_SLOTS, ago_s=10, verdict=KEPT), [], NOW)
+    result = size(p, plan_for(p), sizing(67, AUTO_SLOTS, ago_s=10, verdict=KEPT), [], NOW, serving=0)
     assert result.sizing is None and [e.reason for e in result.events] == ["SizingStopped"]
     assert tuned_max_loras(p, {"status": {"sizing": sizing(67, 134, ago_s=1, verdict=KEPT).to_wire()}}) is None
     on = pool(apply=True)
@@ -197,7 +205,7 @@ def test_the_apply_loop(
 ) -> None:
     p = pool(apply=True)
     plan = plan_for(p, tuned=before.applied_max_loras if before else None)
-    result = size(p, plan, before, windows, NOW)
+    result = size(p, plan, before, windows, NOW, serving=len(windows))
     got = result.sizing
     assert (got.applied_max_loras if got else None, got.verdict if got else None) == (applied, verdict)
     assert [e.reason for e in result.events] == events
@@ -215,8 +223,30 @@ def test_the_apply_loop(
 def test_a_smaller_step_in_a_rolled_back_direction_is_allowed() -> None:
     p = pool(apply=True, maxStepFactor=1.2)
     before = sizing(134, 67, ago_s=4000, verdict=ROLLED_BACK, rejected=67)
-    result = size(p, plan_for(p, tuned=134), before, [window(134)], NOW)
+    result = size(p, plan_for(p, tuned=134), before, [window(134)], NOW, serving=1)
     assert result.sizing is not None and result.sizing.applied_max_loras == 112  # ceil(134 / 1.2)
+
+
+def test_a_change_waits_for_a_window_from_every_serving_engine() -> None:
+    """Goodput is the pool's sum: one of two replicas' window would make a baseline of half of it."""
+    p = pool(apply=True)
+    one = size(p, plan_for(p), None, [window(AUTO_SLOTS)], NOW, serving=2)
+    assert one.sizing is None and one.events == ()
+    assert one.recommendation is not None and one.recommendation.action == "Shrink"  # still shown
+    both = size(p, plan_for(p), None, [window(AUTO_SLOTS), window(AUTO_SLOTS, pod="engine-1")], NOW, serving=2)
+    assert both.sizing is not None and both.sizing.verdict == WATCHING
+    assert both.sizing.baseline_goodput == pytest.approx(20.0) and "on 2 replica(s)" in both.sizing.reason
+
+
+def test_a_verdict_waits_for_a_window_from_every_serving_engine() -> None:
+    """One replica on the new value beside one still silent: halved goodput is no reason to roll back."""
+    p = pool(apply=True)
+    before = sizing(67, 134, ago_s=300, verdict=WATCHING, goodput=20.0)
+    plan = plan_for(p, tuned=67)
+    one = size(p, plan, before, [window(67)], NOW, serving=2)
+    assert one.sizing == before and one.events == ()
+    both = size(p, plan, before, [window(67), window(67, pod="engine-1")], NOW, serving=2)
+    assert both.sizing is not None and both.sizing.verdict == KEPT and [e.reason for e in both.events] == ["SizingKept"]
 
 
 def pod(name: str, obs: Observations | None, *, ready: bool = True, deleting: bool = False) -> dict[str, Any]:

@@ -158,8 +158,14 @@ class PoolReconciler:
         # 5. observe
         observed, pods = await self._observe(pool, body, decision)
         # 6. size (pure): status.recommendation from the sidecars' reports; the opt-in loop's change
+        now = time.time()
         sized = sizing.size(
-            pool, decision.plan, sizing.current_sizing(body), sizing.pod_windows(pods, time.time()), time.time()
+            pool,
+            decision.plan,
+            sizing.current_sizing(body),
+            sizing.pod_windows(pods, now),
+            now,
+            serving=sizing.serving_pods(pods),
         )
         status = pool_status(observed).model_copy(
             update={"recommendation": sized.recommendation, "sizing": sized.sizing}

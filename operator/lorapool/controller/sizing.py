@@ -16,7 +16,10 @@ no engine is polled), recommends a --max-loras (``plan.sizing.recommend``) and, 
 - every change, verdict and rollback is an Event with its reason.
 
 Engines' observations count only when their ``max_loras`` label is the value being judged, so
-windows of pods still running the old flags never blur a comparison.
+windows of pods still running the old flags never blur a comparison. A change and a verdict wait
+for a window from every serving engine pod: goodput is the pool's sum over replicas, so a baseline
+or a judgement read from one of two replicas would halve it (a false rollback, or a baseline too
+low to ever roll back against).
 """
 
 from __future__ import annotations
@@ -63,6 +66,11 @@ def _serving(pod: Mapping[str, Any]) -> bool:
         return False
     conditions = (pod.get("status") or {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def serving_pods(pods: Sequence[Mapping[str, Any]]) -> int:
+    """The Ready, non-terminating engine pods: each must have reported before the loop acts."""
+    return sum(1 for pod in pods if _serving(pod))
 
 
 def pod_windows(pods: Sequence[Mapping[str, Any]], now: float, max_age_s: float = MAX_AGE_S) -> list[PodWindow]:
@@ -120,9 +128,18 @@ def recommendation_status(r: Recommendation) -> RecommendationStatus:
 
 
 def size(
-    pool: LoRAPool, plan: Plan | None, sizing: SizingStatus | None, windows: Sequence[PodWindow], now: float
+    pool: LoRAPool,
+    plan: Plan | None,
+    sizing: SizingStatus | None,
+    windows: Sequence[PodWindow],
+    now: float,
+    *,
+    serving: int,
 ) -> SizingResult:
-    """status.recommendation and status.sizing for this reconcile, and the Events of any change."""
+    """status.recommendation and status.sizing for this reconcile, and the Events of any change.
+
+    ``serving``: the engine pods serving now (``serving_pods``); a change or a verdict waits until
+    each has a window on the value in question."""
     if plan is None or plan.slots is None:
         return SizingResult(None, sizing)
     running_now = [w.observations for w in windows if w.observations.max_loras == plan.max_loras]
@@ -136,10 +153,10 @@ def size(
             events = (Event("SizingStopped", "spec.lora.tuning.apply is off: --max-loras returns to auto's estimate"),)
         return SizingResult(status, None, events)
     if sizing is not None and sizing.verdict == WATCHING:
-        return SizingResult(status, *_judge(sizing, tuning, windows, now))
+        return SizingResult(status, *_judge(sizing, tuning, windows, now, serving))
     if sizing is not None and now - unix(sizing.last_change_time) < tuning.min_period_seconds:
         return SizingResult(status, sizing)
-    if rec.action not in (Action.GROW, Action.SHRINK) or evidence is None:
+    if rec.action not in (Action.GROW, Action.SHRINK) or evidence is None or len(running_now) < serving:
         return SizingResult(status, sizing)
     return SizingResult(status, *_change(plan.max_loras, rec, evidence, sizing, tuning, now))
 
@@ -174,14 +191,14 @@ def _change(
 
 
 def _judge(
-    s: SizingStatus, tuning: SizingTuning, windows: Sequence[PodWindow], now: float
+    s: SizingStatus, tuning: SizingTuning, windows: Sequence[PodWindow], now: float, serving: int
 ) -> tuple[SizingStatus, tuple[Event, ...]]:
-    """Compare the window after the change with the one before; keep watching until there is one."""
+    """Compare the window after the change with the one before; keep watching until every serving
+    engine runs the new value and has reported a window that started after the change."""
     since = unix(s.last_change_time)
-    after = pool_evidence(
-        [w.observations for w in windows if w.observations.max_loras == s.applied_max_loras and w.start >= since]
-    )
-    if after is None or after.samples < MIN_SAMPLES:
+    judged = [w.observations for w in windows if w.observations.max_loras == s.applied_max_loras and w.start >= since]
+    after = pool_evidence(judged)
+    if after is None or after.samples < MIN_SAMPLES or len(judged) < serving:
         return s, ()
     margin = tuning.rollback_margin
     worse: list[str] = []
