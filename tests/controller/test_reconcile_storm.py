@@ -134,6 +134,24 @@ def test_report_writes_coalesce_into_few_reconciles(
     def busy_s() -> float:
         return operator.metric("lorapool_operator_reconcile_duration_seconds_sum")
 
+    def every_adapter_loaded() -> bool:
+        adapters = ((get(local_cluster, "lorapool", ns, POOL) or {}).get("status") or {}).get("adapters") or []
+        return len(adapters) == ADAPTERS and all(a.get("loadedReplicas") == REPLICAS for a in adapters)
+
+    async def settled_after_loading() -> None:
+        """The state the test asserts, not a moment that usually follows it: the pool's status shows
+        every adapter loaded on every replica, then the reconcile counter stays still for a pod-event
+        window (a reconcile still running or queued would otherwise be counted as idle)."""
+        deadline = time.monotonic() + 120
+        while not await asyncio.to_thread(every_adapter_loaded):
+            assert time.monotonic() < deadline, "the pool's status never showed every adapter on every replica"
+            await asyncio.sleep(1.0)
+        last = -1.0
+        while (n := await asyncio.to_thread(reconciles)) != last:
+            assert time.monotonic() < deadline, "the operator kept reconciling after the last report"
+            last = n
+            await asyncio.sleep(POD_WINDOW_S + 1.0)
+
     async def run() -> None:
         stop = asyncio.Event()
         tasks = [asyncio.create_task(r.run(stop)) for r in reporters]
@@ -143,7 +161,7 @@ def test_report_writes_coalesce_into_few_reconciles(
             for e in engines:
                 e.tick()
             await asyncio.sleep(TICK_S)
-        await asyncio.sleep(REPORT_INTERVAL_S + POD_WINDOW_S + 1.0)  # the last writes and their reconcile
+        await settled_after_loading()
         marks["loaded"], marks["loaded_n"] = time.monotonic(), await asyncio.to_thread(reconciles)
         marks["loaded_busy"] = await asyncio.to_thread(busy_s)
         await asyncio.sleep(IDLE_S)
