@@ -63,7 +63,11 @@ def operator_env(local_cluster: LocalCluster) -> Path:
     return local_cluster.service_account_kubeconfig("lorapool-system", "lorapool-operator")
 
 
-@pytest.fixture(scope="session")
+# Module scope, not session: the shared operator watches every namespace, so if it outlived its
+# module it would reconcile the pools of the tests after it too (tests/e2e's pool got a second
+# operator and flapped between their two writes: a random e2e failure, issue 20). Package scope is
+# not enough: tests/ has no __init__.py, so pytest's "package" here is the whole session.
+@pytest.fixture(scope="module")
 def start_operator(
     operator_env: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Callable[..., OperatorProcess]]:
@@ -90,7 +94,7 @@ def start_operator(
         print(f"--- {op.log} ---\n{op.log.read_text(errors='replace')[-4000:]}")  # shown when a test failed
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def _shared() -> dict[str, OperatorProcess]:
     return {}
 

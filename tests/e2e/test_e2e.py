@@ -306,6 +306,35 @@ def test_chart_operator_reconciled_without_errors(chart_operator: OperatorProces
     assert "Forbidden" not in chart_operator.log.read_text()
 
 
+def test_only_the_charts_operator_reconciles_the_pool(
+    e2e_target: Target, chart_operator: OperatorProcess | None, pool: dict[str, Any]
+) -> None:
+    """One operator per pool: every Event on it was posted by the chart's operator (each Event names
+    the replica that posted it). A second operator watching the namespace fought over the pool's
+    status and children, so Ready and Progressing flapped between their writes (issue 20: another
+    package's cluster-wide test operator outlived its tests)."""
+
+    def events() -> list[dict[str, Any]]:
+        selector = f"involvedObject.kind=LoRAPool,involvedObject.name={POOL}"
+        out = e2e_target.kubectl("get", "events", "-n", POOL_NS, "--field-selector", selector, "-o", "json").stdout
+        items: list[dict[str, Any]] = json.loads(out)["items"]
+        return items
+
+    # PoolReady is posted right after the Ready status the fixture waited for: wait for it, then read all.
+    seen = wait_until(
+        "the PoolReady Event", lambda: (e := events()) and any(x["reason"] == "PoolReady" for x in e) and e, 60
+    )
+    if chart_operator is not None:
+        operators = {LOCAL_IDENTITY}
+    else:
+        pods = e2e_target.kubectl(
+            "get", "pods", "-n", SYSTEM_NS, "-l", "app.kubernetes.io/component=operator", "-o", "json"
+        ).stdout
+        operators = {p["metadata"]["name"] for p in json.loads(pods)["items"]}
+    posted_by = {e.get("reportingInstance") for e in seen}
+    assert posted_by <= operators, f"Events on the pool posted by {sorted(map(str, posted_by - operators))} too"
+
+
 def _port_forward(target: Target, port: int) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [

@@ -221,7 +221,7 @@ async def run_operator(cfg: OperatorConfig) -> int:
             source, revision=revision, timeout_s=cfg.settings.metadata_timeout_s, cache=cache
         )
 
-    reconciler = PoolReconciler(Kube(api), fetch, cfg.settings)
+    reconciler = PoolReconciler(Kube(api, cfg.identity), fetch, cfg.settings)
     stop = asyncio.Event()
     tasks = [asyncio.create_task(_resync(reconciler, cfg.resync_s), name="resync")]
     if elector is not None:

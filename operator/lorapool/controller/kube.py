@@ -57,8 +57,11 @@ def is_subset(desired: Any, live: Any) -> bool:
 class Kube:
     """Blocking API access for the reconcile; one instance per operator process."""
 
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, identity: str = "") -> None:
         self.api = api
+        # This operator replica (its pod name): each Event says which replica posted it, so two
+        # operators reconciling one pool (two releases watching one namespace) show in `kubectl get events`.
+        self.identity = identity
 
     def _call(
         self,
@@ -168,8 +171,9 @@ class Kube:
             "reason": reason,
             "message": message[:1024],
             "type": type_,
-            "source": {"component": FIELD_MANAGER},
+            "source": {"component": FIELD_MANAGER, **({"host": self.identity} if self.identity else {})},
             "reportingComponent": FIELD_MANAGER,
+            **({"reportingInstance": self.identity} if self.identity else {}),
             "firstTimestamp": now,
             "lastTimestamp": now,
             "count": 1,
