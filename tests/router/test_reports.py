@@ -248,14 +248,22 @@ def test_the_scheduler_routes_by_reports(
         assert got.startswith(expected), got
 
 
+async def held(pool: Pool, adapter: str) -> None:
+    """Until one request waits in the adapter's queue: the state the test goes on from."""
+    deadline = time.monotonic() + 5
+    while pool.scheduler.queues.depth(adapter) != 1:
+        assert time.monotonic() < deadline, f"no request held for {adapter}"
+        await asyncio.sleep(0.01)
+
+
 @pytest.mark.parametrize("policy", ["affinity", "round-robin"])
 def test_a_held_request_binds_as_soon_as_a_report_says_loaded(policy: str) -> None:
     async def run() -> tuple[str, float, Any]:
         pool = Pool({A: report(sql=DOWNLOADING), B: report()}, max_wait_s=10, policy=policy)
         started = time.monotonic()
         waiting = asyncio.create_task(pool.scheduler.acquire(Request("sql")))
-        await asyncio.sleep(0.05)
-        assert not waiting.done() and pool.scheduler.queues.depth("sql") == 1
+        await held(pool, "sql")
+        assert not waiting.done()
         pool.scheduler.set_reports({A: report(sql=LOADED), B: report()})
         lease: Lease = await waiting
         pool.scheduler.release(lease)
@@ -289,7 +297,7 @@ def test_a_held_request_gets_404_as_soon_as_the_load_fails() -> None:
         pool = Pool({A: report(sql=DOWNLOADING), B: report()}, max_wait_s=10)
         started = time.monotonic()
         waiting = asyncio.create_task(outcome(pool))
-        await asyncio.sleep(0.05)
+        await held(pool, "sql")
         pool.scheduler.set_reports({A: report(sql=FAILED), B: report()})
         return await waiting, time.monotonic() - started
 

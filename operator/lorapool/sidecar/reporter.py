@@ -63,10 +63,17 @@ class Reporter:
         self.writes = 0
         self.last_error: str | None = None
 
+    def _document(self) -> str:
+        return json.dumps(self.build(), sort_keys=True)
+
+    def up_to_date(self) -> bool:
+        """The last report sent is what ``build()`` gives now: nothing is waiting to go out."""
+        return self.pacer.next_write_at(self._document(), time.monotonic()) is None
+
     async def run(self, stop: asyncio.Event) -> None:
         async with api_session(self.server, self.timeout_s) as http:
             while not stop.is_set():
-                document = json.dumps(self.build(), sort_keys=True)
+                document = self._document()
                 due = self.pacer.next_write_at(document, time.monotonic())
                 if due is not None and due <= time.monotonic():
                     await self._send(http, document)
