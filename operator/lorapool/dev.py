@@ -34,7 +34,7 @@ import urllib.request
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 DEFAULT_DIR = Path(os.environ.get("LORAPOOL_CACHE", "~/.cache/lorapool")).expanduser() / "dev"
 
@@ -184,7 +184,9 @@ def _wait_ready(cluster: Any, ns: str, name: str, timeout_s: float) -> dict[str,
         if result.returncode != 0:
             return None
         pool = json.loads(result.stdout)
-        cond = next((c for c in pool.get("status", {}).get("conditions", []) if c["type"] == "Ready"), {})
+        cond: dict[str, Any] = next(
+            (c for c in pool.get("status", {}).get("conditions", []) if c["type"] == "Ready"), {}
+        )
         if cond.get("status") == "True":
             return dict(pool)
         if cond.get("message") and cond["message"] != said["message"]:
@@ -244,7 +246,8 @@ def _data_plane(cluster: Any, pool: dict[str, Any], state: Path, stack: list[Any
 
     ns, name = pool["metadata"]["namespace"], pool["metadata"]["name"]
     spec, plan = pool["spec"], pool["status"]["plan"]
-    api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    # The client leaves new_client_from_config unannotated; it returns an ApiClient.
+    api = cast(Callable[..., client.ApiClient], config.new_client_from_config)(config_file=str(cluster.kubeconfig))
     stack.append(api)
     token = cluster.service_account_kubeconfig(ns, names.engine_service_account(name), path=state / "engine.kubeconfig")
 
@@ -252,7 +255,10 @@ def _data_plane(cluster: Any, pool: dict[str, Any], state: Path, stack: list[Any
         """The pool's plan now: pods that rolled for new vLLM flags get engines with those flags."""
         current = plan
         try:
-            live = client.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, ns, "lorapools", name)
+            live = cast(
+                dict[str, Any],
+                client.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, ns, "lorapools", name),
+            )
             current = (live.get("status") or {}).get("plan") or plan
         except client.ApiException:
             pass

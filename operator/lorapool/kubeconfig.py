@@ -8,8 +8,14 @@ Pod's ServiceAccount (in cluster), then ``~/.kube/config``.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import cast
 
 from kubernetes import client, config
+
+# The client ships py.typed but leaves its config loaders unannotated; typed here, at the edge.
+load_kube_config = cast(Callable[..., None], config.load_kube_config)
+load_incluster_config = cast(Callable[[], None], config.load_incluster_config)
 
 
 def api_client(kubeconfig: str | None = None) -> client.ApiClient:
@@ -20,9 +26,9 @@ def api_client(kubeconfig: str | None = None) -> client.ApiClient:
     """
     path = kubeconfig or os.environ.get("KUBECONFIG")
     if path:
-        config.load_kube_config(config_file=path)
+        load_kube_config(config_file=path)
     elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config()
+        load_incluster_config()
     else:
-        config.load_kube_config()
+        load_kube_config()
     return client.ApiClient()

@@ -65,10 +65,12 @@ class ApiServer:
 def api_server(kubeconfig: Path | None) -> ApiServer:
     """Credentials from ``kubeconfig`` when given, else in-cluster; raises ValueError saying what is missing."""
     if kubeconfig is not None:
-        from kubernetes import client, config
+        from kubernetes import client
+
+        from lorapool.kubeconfig import load_kube_config
 
         conf = client.Configuration()
-        config.load_kube_config(config_file=str(kubeconfig), client_configuration=conf)
+        load_kube_config(config_file=str(kubeconfig), client_configuration=conf)
         ctx = ssl.create_default_context(cafile=conf.ssl_ca_cert) if conf.ssl_ca_cert else ssl.create_default_context()
         if conf.cert_file and conf.key_file:
             ctx.load_cert_chain(conf.cert_file, conf.key_file)

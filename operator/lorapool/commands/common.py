@@ -45,7 +45,10 @@ def read_inputs(paths: list[str]) -> Inputs:
             except SpecError as exc:
                 problems.extend(exc.problems)
                 continue
-            (pools if isinstance(obj, LoRAPool) else adapters).append(obj)
+            if isinstance(obj, LoRAPool):
+                pools.append(obj)
+            else:
+                adapters.append(obj)
     if not pools and not problems:
         raise SpecError(f"{', '.join(paths)}: no LoRAPool found; the file needs kind: LoRAPool")
     problems += unattached(pools, adapters) if pools else []

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,8 +81,9 @@ def _login(**_: Any) -> kopf.ConnectionInfo:
     """The same credentials the client was configured with (--kubeconfig or in-cluster),
     not kopf's own discovery, which would ignore --kubeconfig."""
     conf = client.Configuration.get_default_copy()
-    token = (conf.api_key or {}).get("authorization") or (conf.api_key or {}).get("BearerToken")
-    scheme, _, value = (token or "").partition(" ")
+    keys: dict[str, str] = conf.api_key or {}
+    token = keys.get("authorization") or keys.get("BearerToken")
+    scheme, _space, value = (token or "").partition(" ")
     return kopf.ConnectionInfo(
         server=conf.host,
         ca_path=conf.ssl_ca_cert,
@@ -105,61 +106,89 @@ def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 def build_registry(reconciler: PoolReconciler) -> kopf.OperatorRegistry:
     """kopf handlers: login and settings, then watches that only trigger a reconcile of the affected pool."""
     registry = kopf.OperatorRegistry()
-    adapter_pools: dict[tuple[str, str], str] = {}  # LoRAAdapter -> the pool it last pointed at
-    pods = Coalescer(reconciler.trigger, POD_EVENT_WINDOW_S)
-
     kopf.on.login(registry=registry)(_login)
     kopf.on.startup(registry=registry)(_configure)
+    _watch_pools(registry, reconciler)
+    _watch_adapters(registry, reconciler)
+    _watch_children(registry, reconciler)
+    return registry
 
+
+def _namespace(namespace: str | None) -> str:
+    """kopf types ``namespace`` optional for cluster-scoped kinds; every kind watched here is namespaced."""
+    if namespace is None:
+        raise ValueError("an event without a namespace names no pool; lorapool watches only namespaced kinds")
+    return namespace
+
+
+def _watch_pools(registry: kopf.OperatorRegistry, reconciler: PoolReconciler) -> None:
+    """A LoRAPool's own change reconciles it; the echo of our status write does not."""
     seen_pools: dict[tuple[str, str], Mark] = {}  # pool -> what of it last triggered a reconcile
-    seen_adapters: dict[tuple[str, str], Mark] = {}  # LoRAAdapter -> the same
-    seen_pods: dict[tuple[str, str], Mark] = {}  # engine Pod -> the same (triggers.pod_mark)
 
     @kopf.on.event(GROUP, VERSION, "lorapools", registry=registry)
-    async def pool_event(type: str | None, namespace: str, name: str, meta: Any, **_: Any) -> None:
+    async def pool_event(type: str | None, namespace: str | None, name: str, meta: kopf.Meta, **_: Any) -> None:
+        key = (_namespace(namespace), name)
         if type == "DELETED":
-            reconciler.known.discard((namespace, name))
-            seen_pools.pop((namespace, name), None)
+            reconciler.known.discard(key)
+            seen_pools.pop(key, None)
             return
         # A change of status alone is the echo of our own write: reconciling again would only
         # write again (a storm while engines load and loadedReplicas moves). The drift resync
         # still reconciles every pool periodically.
         mark = object_mark(meta)
-        if seen_pools.get((namespace, name)) == mark:
+        if seen_pools.get(key) == mark:
             return
-        seen_pools[(namespace, name)] = mark
-        reconciler.trigger(namespace, name)
+        seen_pools[key] = mark
+        reconciler.trigger(*key)
+
+
+def _watch_adapters(registry: kopf.OperatorRegistry, reconciler: PoolReconciler) -> None:
+    """A LoRAAdapter's change reconciles the pool it points at, and the pool it left."""
+    adapter_pools: dict[tuple[str, str], str] = {}  # LoRAAdapter -> the pool it last pointed at
+    seen_adapters: dict[tuple[str, str], Mark] = {}  # LoRAAdapter -> what of it last triggered a reconcile
 
     @kopf.on.event(GROUP, VERSION, "loraadapters", registry=registry)
-    async def adapter_event(type: str | None, namespace: str, name: str, spec: Any, meta: Any, **_: Any) -> None:
-        pool = (spec or {}).get("poolRef", {}).get("name")
+    async def adapter_event(
+        type: str | None, namespace: str | None, name: str, spec: kopf.Spec, meta: kopf.Meta, **_: Any
+    ) -> None:
+        ns = _namespace(namespace)
+        adapter: Mapping[str, Any] = spec or {}
+        pool = adapter.get("poolRef", {}).get("name")
         if type != "DELETED":  # a status-only change is the echo of our own write (see pool_event)
             mark = object_mark(meta)
-            if seen_adapters.get((namespace, name)) == mark:
+            if seen_adapters.get((ns, name)) == mark:
                 return
-            seen_adapters[(namespace, name)] = mark
+            seen_adapters[(ns, name)] = mark
         else:
-            seen_adapters.pop((namespace, name), None)
-        previous = adapter_pools.get((namespace, name))
+            seen_adapters.pop((ns, name), None)
+        previous = adapter_pools.get((ns, name))
         if previous and previous != pool:
-            reconciler.trigger(namespace, previous)  # it left that pool
+            reconciler.trigger(ns, previous)  # it left that pool
         if type == "DELETED":
-            adapter_pools.pop((namespace, name), None)
+            adapter_pools.pop((ns, name), None)
         elif pool:
-            adapter_pools[(namespace, name)] = pool
+            adapter_pools[(ns, name)] = pool
         if pool:
-            reconciler.trigger(namespace, pool)
+            reconciler.trigger(ns, pool)
+
+
+def _watch_children(registry: kopf.OperatorRegistry, reconciler: PoolReconciler) -> None:
+    """A child Deployment's change reconciles its pool; engine Pods do, coalesced, when what the reconcile reads moved."""
+    pods = Coalescer(reconciler.trigger, POD_EVENT_WINDOW_S)
+    seen_pods: dict[tuple[str, str], Mark] = {}  # engine Pod -> what of it last triggered (triggers.pod_mark)
 
     @kopf.on.event("apps", "v1", "deployments", labels={POOL_LABEL: kopf.PRESENT}, registry=registry)
-    async def child_event(namespace: str, labels: Any, **_: Any) -> None:
-        reconciler.trigger(namespace, labels[POOL_LABEL])
+    async def child_event(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+        reconciler.trigger(_namespace(namespace), labels[POOL_LABEL])
 
     @kopf.on.event(
         "", "v1", "pods", labels={POOL_LABEL: kopf.PRESENT, "app.kubernetes.io/component": "engine"}, registry=registry
     )
-    async def pod_event(type: str | None, namespace: str, name: str, labels: Any, body: Any, **_: Any) -> None:
+    async def pod_event(
+        type: str | None, namespace: str | None, name: str, labels: Mapping[str, str], body: kopf.Body, **_: Any
+    ) -> None:
         # Only what the reconcile reads (triggers.pod_mark): not every report write, not observations.
-        key = (namespace, name)
+        key = (_namespace(namespace), name)
         if type == "DELETED":
             seen_pods.pop(key, None)
         else:
@@ -167,9 +196,7 @@ def build_registry(reconciler: PoolReconciler) -> kopf.OperatorRegistry:
             if seen_pods.get(key) == mark:
                 return
             seen_pods[key] = mark
-        pods.request(namespace, labels[POOL_LABEL])
-
-    return registry
+        pods.request(key[0], labels[POOL_LABEL])
 
 
 async def _serve_health(cfg: OperatorConfig, leading: asyncio.Event, kopf_ready: asyncio.Event) -> web.AppRunner:

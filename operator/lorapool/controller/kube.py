@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from kubernetes import client
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 from prometheus_client import Counter
 
 from lorapool.api.models import GROUP, VERSION
@@ -82,7 +82,7 @@ class Kube:
         response = self.api.call_api(
             method, url, header_params=headers, body=data, post_params=post, _request_timeout=30
         )
-        raw = response.read()
+        raw = cast(Callable[[], bytes], response.read)()  # RESTResponse.read is unannotated; it returns the body
         if response.status >= 400:
             raise ApiException(status=response.status, reason=response.reason, body=raw.decode(errors="replace"))
         return json.loads(raw or b"null")
@@ -98,7 +98,8 @@ class Kube:
 
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            return self._call("GET", self.path(kind, namespace, name))
+            found: dict[str, Any] = self._call("GET", self.path(kind, namespace, name))
+            return found
         except ApiException as exc:
             if exc.status == 404:
                 return None

@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from kubernetes import client
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 log = logging.getLogger("lorapool.operator")
 
@@ -59,23 +59,26 @@ class LeaseElector:
                 "spec": {**spec, "acquireTime": _micro(now), "leaseTransitions": 0},
             }
             try:
-                self.coord.create_namespaced_lease(self.namespace, body)
+                # The client sends a dict body unchanged (sanitize_for_serialization) though it annotates
+                # only V1Lease; a dict keeps renewTime/acquireTime in the MicroTime form _micro writes.
+                self.coord.create_namespaced_lease(self.namespace, cast(client.V1Lease, body))
                 return True
             except ApiException as create_exc:
                 if create_exc.status == 409:
                     return False
                 raise
-        holder = lease.spec.holder_identity
-        renewed = _parse(lease.spec.renew_time) or datetime.min.replace(tzinfo=UTC)
-        duration = timedelta(seconds=lease.spec.lease_duration_seconds or self.lease_s)
+        held = self._spec(lease)
+        holder = held.holder_identity
+        renewed = _parse(held.renew_time) or datetime.min.replace(tzinfo=UTC)
+        duration = timedelta(seconds=held.lease_duration_seconds or self.lease_s)
         if holder not in (None, "", self.identity) and renewed + duration > now:
             return False
-        lease.spec.renew_time = now
-        lease.spec.lease_duration_seconds = self.lease_s
+        held.renew_time = now
+        held.lease_duration_seconds = self.lease_s
         if holder != self.identity:
-            lease.spec.holder_identity = self.identity
-            lease.spec.acquire_time = now
-            lease.spec.lease_transitions = (lease.spec.lease_transitions or 0) + 1
+            held.holder_identity = self.identity
+            held.acquire_time = now
+            held.lease_transitions = (held.lease_transitions or 0) + 1
         try:
             self.coord.replace_namespaced_lease(self.name, self.namespace, lease)
         except ApiException as exc:
@@ -109,12 +112,19 @@ class LeaseElector:
         """Hand the Lease over at shutdown so a standby takes over at once."""
         try:
             lease = self.coord.read_namespaced_lease(self.name, self.namespace)
-            if lease.spec.holder_identity == self.identity:
-                lease.spec.holder_identity = ""
-                lease.spec.renew_time = None
+            held = self._spec(lease)
+            if held.holder_identity == self.identity:
+                held.holder_identity = ""
+                held.renew_time = None
                 self.coord.replace_namespaced_lease(self.name, self.namespace, lease)
         except ApiException:
             pass
+
+    def _spec(self, lease: client.V1Lease) -> client.V1LeaseSpec:
+        """The Lease's spec; every Lease this elector writes has one, so a missing one is an error."""
+        if lease.spec is None:
+            raise ValueError(f"Lease {self.namespace}/{self.name} has no spec; delete it so the operator recreates it")
+        return lease.spec
 
     def _safe_try(self) -> bool:
         try:

@@ -28,7 +28,7 @@ def parse_target(target: str) -> tuple[str, str]:
 def _list_slices(api: Any) -> Callable[..., Any]:
     from kubernetes import client
 
-    return client.DiscoveryV1Api(api).list_namespaced_endpoint_slice  # type: ignore[no-any-return]
+    return client.DiscoveryV1Api(api).list_namespaced_endpoint_slice
 
 
 class EndpointSliceWatch:

@@ -16,7 +16,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 log = logging.getLogger("lorapool.router.kubewatch")
 
@@ -74,7 +74,7 @@ class ListWatch(Generic[T]):
 
     def _run(self) -> None:
         from kubernetes import watch
-        from kubernetes.client.rest import ApiException
+        from kubernetes.client.exceptions import ApiException
 
         from lorapool.kubeconfig import api_client as kube_api_client
 
@@ -91,7 +91,7 @@ class ListWatch(Generic[T]):
                 self._send(items)
                 self.synced.set()
                 failures = 0
-                self._watch = watch.Watch()
+                self._watch = cast(Callable[[], watch.Watch], watch.Watch)()  # Watch.__init__ is unannotated
                 for event in self._watch.stream(
                     list_fn,
                     self.namespace,

@@ -45,7 +45,7 @@ def parse_backend_pod(value: str) -> tuple[str, str]:
 def _list_pods(api: Any) -> Callable[..., Any]:
     from kubernetes import client
 
-    return client.CoreV1Api(api).list_namespaced_pod  # type: ignore[no-any-return]
+    return client.CoreV1Api(api).list_namespaced_pod
 
 
 def pod_report_watch(

@@ -28,6 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from lorapool.api.adapterset import AdapterSet, DesiredAdapter
 from lorapool.api.peft import parse_adapter_config
 from lorapool.api.report import ANNOTATION, SYNCED_CONDITION, encode
+from lorapool.api.report import ReplicaPhase as Phase
 from lorapool.errors import AdapterError, SourceError, UnsafePathError
 from lorapool.podstatus import PodRef, api_server
 from lorapool.render.names import ENGINE_API_KEY_ENV
@@ -37,7 +38,6 @@ from lorapool.sidecar.core import (
     ConfigView,
     EngineView,
     Load,
-    Phase,
     Unload,
     backoff_s,
     check_adapter,

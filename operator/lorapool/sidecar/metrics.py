@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from lorapool.sidecar.core import Phase
+from lorapool.api.report import ReplicaPhase as Phase
 
 
 class SidecarMetrics:

@@ -93,10 +93,15 @@ class LocalEngines(Follower):
         from kubernetes import client
 
         pods = client.CoreV1Api(self.api_client).list_namespaced_pod(self.namespace, label_selector=self.selector)
-        live = [p for p in pods.items if p.metadata.deletion_timestamp is None]
-        for pod in live:  # the downward-API volume: the pod's placement slot (docs/placement.md)
-            self._project_slot(pod.metadata.name, (pod.metadata.annotations or {}).get(SLOT_ANNOTATION, ""))
-        return sorted(p.metadata.name for p in live)
+        live: list[str] = []
+        for pod in pods.items:
+            meta = pod.metadata  # a listed Pod always has metadata and a name; the client types both optional
+            if meta is None or meta.name is None or meta.deletion_timestamp is not None:
+                continue
+            live.append(meta.name)
+            # the downward-API volume: the pod's placement slot (docs/placement.md)
+            self._project_slot(meta.name, (meta.annotations or {}).get(SLOT_ANNOTATION, ""))
+        return sorted(live)
 
     def slot_file(self, pod: str) -> Path:
         return self.state_dir / "podinfo" / pod / SLOT_FILE

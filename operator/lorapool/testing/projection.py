@@ -42,7 +42,7 @@ class ConfigMapVolume(Follower):
     def sync_once(self) -> bool:
         """Read the ConfigMap once; project it if it changed. True when the directory changed."""
         from kubernetes import client
-        from kubernetes.client.rest import ApiException
+        from kubernetes.client.exceptions import ApiException
 
         try:
             cm = client.CoreV1Api(self.api_client).read_namespaced_config_map(self.name, self.namespace)

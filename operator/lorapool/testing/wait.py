@@ -30,7 +30,7 @@ class WaitTimeout(AssertionError):
 
 def wait_until(
     what: str,
-    check: Callable[[], T],
+    check: Callable[[], T | None],
     timeout_s: float = 30.0,
     *,
     interval_s: float = 0.05,
