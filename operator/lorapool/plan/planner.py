@@ -419,11 +419,7 @@ def derive_max_loras(
     from the sizing loop, within the same bounds; else the estimate.
     """
     if spec.lora.max_loras != AUTO:
-        value = int(spec.lora.max_loras)
-        warnings: tuple[str, ...] = ()
-        if n_adapters and value > n_adapters:
-            warnings = (f"spec.lora.maxLoras={value} exceeds the {n_adapters} adapters; slots will sit empty",)
-        return Derived(value, f"{value}: set in spec.lora.maxLoras", warnings=warnings)
+        return _explicit_max_loras(int(spec.lora.max_loras), n_adapters)
     lora = spec.lora
     before = budget.before_lora_bytes
     slot = lora_buffer_bytes(budget.model, max_loras=1, max_rank=rank, dtype_size=dtype_size, tp=spec.gpu.count)
@@ -449,23 +445,47 @@ def derive_max_loras(
     wanted = slot_headroom(demand, slot_bytes=slot, before_lora_bytes=before, fraction=lora.headroom_kv_cache_fraction)
     value = int(min(wanted, spec.vllm.max_num_seqs, fit))
     concurrent = f" ({conc.describe()})" if demand < need else ""
+    why = _auto_max_loras_why(
+        spec, n_adapters, rank, value, wanted=wanted, demand=demand, slot=slot, before=before, floor=floor
+    )
+    return Derived(value, why + concurrent, concurrency=conc)
+
+
+def _explicit_max_loras(value: int, n_adapters: int) -> Derived:
+    """spec.lora.maxLoras as set: the user's value wins, with a warning when slots would sit empty."""
+    warnings: tuple[str, ...] = ()
+    if n_adapters and value > n_adapters:
+        warnings = (f"spec.lora.maxLoras={value} exceeds the {n_adapters} adapters; slots will sit empty",)
+    return Derived(value, f"{value}: set in spec.lora.maxLoras", warnings=warnings)
+
+
+def _auto_max_loras_why(
+    spec: LoRAPoolSpec,
+    n_adapters: int,
+    rank: int,
+    value: int,
+    *,
+    wanted: int,
+    demand: int,
+    slot: int,
+    before: int,
+    floor: str,
+) -> str:
+    """The reason for an automatic --max-loras, by the bound that set it: the headroom wanted,
+    maxNumSeqs, or the KV-cache floor (with or without spares beyond a full batch's demand)."""
     if value == wanted:
-        why = (
-            f"{value}: {_headroom_why(n_adapters, demand, value, slot, rank, before, lora.headroom_kv_cache_fraction)}"
-        )
-    elif value == spec.vllm.max_num_seqs:
-        why = f"{value}: capped by vllm.maxNumSeqs (a batch never holds more distinct adapters)"
-    elif value >= demand:
-        why = (
+        return f"{value}: {_headroom_why(n_adapters, demand, value, slot, rank, before, spec.lora.headroom_kv_cache_fraction)}"
+    if value == spec.vllm.max_num_seqs:
+        return f"{value}: capped by vllm.maxNumSeqs (a batch never holds more distinct adapters)"
+    if value >= demand:
+        return (
             f"{value}: a GPU slot for each of the {demand} adapter(s) a full batch holds plus {value - demand} spare; "
             f"each slot at rank {rank} costs {_gb(slot)} and more would push the KV cache below {floor}"
         )
-    else:
-        why = (
-            f"{value} of {n_adapters} adapters: each slot at rank {rank} costs {_gb(slot)}; more would push "
-            f"the KV cache below {floor}; the router groups requests to keep the rest in the CPU cache"
-        )
-    return Derived(value, why + concurrent, concurrency=conc)
+    return (
+        f"{value} of {n_adapters} adapters: each slot at rank {rank} costs {_gb(slot)}; more would push "
+        f"the KV cache below {floor}; the router groups requests to keep the rest in the CPU cache"
+    )
 
 
 MIN_SLOTS = 8  # slots are cheap at low rank (Llama-3-8B r16: ~92 MB each); 8 spares most restarts

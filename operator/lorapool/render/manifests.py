@@ -611,34 +611,42 @@ def _off_gpu_nodes() -> Obj:
     }
 
 
-def router_deployment(pool: LoRAPool, plan: Plan, opts: RenderOptions) -> Obj:
+def _router_args(pool: LoRAPool, plan: Plan) -> list[str]:
+    """The router's command line: where it finds engines and their reports, its policy, the plan's capacity.
+
+    Apart from the Deployment because it is what ties the router to the pool; the rest is pod plumbing."""
     p = pool.metadata.name
     ns = pool.metadata.namespace
+    return [
+        "router",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(names.ROUTER_PORT),
+        "--endpointslices",
+        f"{ns}/{names.engine_service(p)}",
+        # Route by what each engine's sidecar reports it holds (loaded, loading, failed).
+        "--report-pods",
+        f"{ns}/{names.selector_string(p, 'engine')}",
+        "--policy",
+        pool.spec.router.policy.value,
+        # The engines' LoRA capacity, known before vLLM reports it after its first step.
+        "--max-loras",
+        str(plan.max_loras),
+        "--max-cpu-loras",
+        str(plan.max_cpu_loras),
+    ]
+
+
+def router_deployment(pool: LoRAPool, plan: Plan, opts: RenderOptions) -> Obj:
+    p = pool.metadata.name
     router = pool.spec.router
     probe = {"httpGet": {"path": "/health", "port": "http"}}
     container: Obj = {
         "name": "router",
         "image": router.image or opts.lorapool_image,
         "imagePullPolicy": opts.image_pull_policy,
-        "args": [
-            "router",
-            "--host",
-            "0.0.0.0",
-            "--port",
-            str(names.ROUTER_PORT),
-            "--endpointslices",
-            f"{ns}/{names.engine_service(p)}",
-            # Route by what each engine's sidecar reports it holds (loaded, loading, failed).
-            "--report-pods",
-            f"{ns}/{names.selector_string(p, 'engine')}",
-            "--policy",
-            router.policy.value,
-            # The engines' LoRA capacity, known before vLLM reports it after its first step.
-            "--max-loras",
-            str(plan.max_loras),
-            "--max-cpu-loras",
-            str(plan.max_cpu_loras),
-        ],
+        "args": _router_args(pool, plan),
         "env": [
             *_own_pod_env(),  # the Pod it writes its request counts on (lorapool.api.requests)
             *_api_key_env(pool),
