@@ -95,30 +95,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    import yaml
-
     from lorapool.api.load import parse_object
     from lorapool.cluster import build
     from lorapool.cluster.runtime import LocalCluster
-    from lorapool.testing.components import operator_argv
-    from lorapool.testing.processes import free_port, start_process
 
     state = args.dir.expanduser()
     state.mkdir(parents=True, exist_ok=True)
     (state / "router-url").unlink(missing_ok=True)
-    text = args.filename.read_text() if args.filename else _example()
-    docs = [d for d in yaml.safe_load_all(text) if d]
-    pool_doc = next(d for d in docs if d.get("kind") == "LoRAPool")
-    start_engine = None
-    if getattr(args, "engine", "sim") == "vllm" and not args.no_data_plane:
-        from lorapool.engine.playground import prepare_real_engine
-
-        start_engine = prepare_real_engine(pool_doc, state, say=_say)  # tiny-model adapters replace remote ones
-    _local_sources(pool_doc, state)
-    text = yaml.safe_dump_all(docs, sort_keys=False)
+    pool_doc, text, start_engine = _playground_manifests(args, state)
     pool = parse_object(pool_doc)
     ns, name = pool.metadata.namespace, pool.metadata.name
-    repo = Path(__file__).resolve().parents[2]
     stack: list[Any] = []  # everything to stop, in start order
 
     _say("Building the control plane if needed (first run only: ~25 min, cached in ~/.cache/lorapool)")
@@ -127,21 +113,7 @@ def _run(args: argparse.Namespace) -> int:
     _say("Starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler and KWOK fake GPU nodes")
     try:
         cluster.start()
-        cluster.kubectl("apply", "--server-side", "-f", str(repo / "crds"))
-        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/lorapools.lorapool.io")
-        for namespace in ("lorapool-system", ns):
-            cluster.kubectl("create", "namespace", namespace, check=False)
-        cluster.kubectl("apply", "-f", str(repo / "deploy" / "rbac.yaml"))
-        sa_kubeconfig = cluster.service_account_kubeconfig("lorapool-system", "lorapool-operator")
-        _say("Running the operator as ServiceAccount lorapool-system/lorapool-operator")
-        metrics, liveness = free_port(), free_port()
-        argv = operator_argv(
-            kubeconfig=sa_kubeconfig,
-            metrics_port=metrics,
-            liveness_port=liveness,
-            extra=["--metadata-timeout-seconds", "3", "--resync-seconds", "30"],
-        )
-        stack.append(start_process(argv, f"http://127.0.0.1:{liveness}/readyz", timeout=60))
+        _start_operator(cluster, ns, stack)
         _say(f"Applying LoRAPool {ns}/{name}")
         cluster.kubectl("apply", "-f", "-", input_text=text)
         pool_json = _wait_ready(cluster, ns, name, args.timeout_seconds)
@@ -158,6 +130,51 @@ def _run(args: argparse.Namespace) -> int:
             (item.stop if hasattr(item, "stop") else item.close)()
         cluster.stop()
         (state / "router-url").unlink(missing_ok=True)
+
+
+def _playground_manifests(args: argparse.Namespace, state: Path) -> tuple[dict[str, Any], str, Any]:
+    """The LoRAPool to apply (the file given, else the example), its sources made local, as YAML text.
+
+    Apart from ``_run`` because it decides what runs before anything starts: with ``--engine vllm``
+    the tiny model's adapters replace the remote ones, and the returned ``start_engine`` launches it."""
+    import yaml
+
+    text = args.filename.read_text() if args.filename else _example()
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    pool_doc = next(d for d in docs if d.get("kind") == "LoRAPool")
+    start_engine = None
+    if getattr(args, "engine", "sim") == "vllm" and not args.no_data_plane:
+        from lorapool.engine.playground import prepare_real_engine
+
+        start_engine = prepare_real_engine(pool_doc, state, say=_say)  # tiny-model adapters replace remote ones
+    _local_sources(pool_doc, state)
+    return pool_doc, yaml.safe_dump_all(docs, sort_keys=False), start_engine
+
+
+def _start_operator(cluster: Any, ns: str, stack: list[Any]) -> None:
+    """CRDs, namespaces and RBAC as the chart installs them, then the operator as its ServiceAccount.
+
+    Apart from ``_run`` so the playground's operator is set up in one place, the way a cluster has
+    it; the process joins ``stack`` as soon as it runs."""
+    from lorapool.testing.components import operator_argv
+    from lorapool.testing.processes import free_port, start_process
+
+    repo = Path(__file__).resolve().parents[2]
+    cluster.kubectl("apply", "--server-side", "-f", str(repo / "crds"))
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/lorapools.lorapool.io")
+    for namespace in ("lorapool-system", ns):
+        cluster.kubectl("create", "namespace", namespace, check=False)
+    cluster.kubectl("apply", "-f", str(repo / "deploy" / "rbac.yaml"))
+    sa_kubeconfig = cluster.service_account_kubeconfig("lorapool-system", "lorapool-operator")
+    _say("Running the operator as ServiceAccount lorapool-system/lorapool-operator")
+    metrics, liveness = free_port(), free_port()
+    argv = operator_argv(
+        kubeconfig=sa_kubeconfig,
+        metrics_port=metrics,
+        liveness_port=liveness,
+        extra=["--metadata-timeout-seconds", "3", "--resync-seconds", "30"],
+    )
+    stack.append(start_process(argv, f"http://127.0.0.1:{liveness}/readyz", timeout=60))
 
 
 def _local_sources(pool_doc: dict[str, Any], state: Path) -> None:
@@ -240,16 +257,51 @@ def _data_plane(cluster: Any, pool: dict[str, Any], state: Path, stack: list[Any
     Each thing joins ``stack`` as soon as it runs, so the caller stops it even when a later one fails."""
     from kubernetes import client, config
 
-    from lorapool.api.models import GROUP, VERSION
     from lorapool.render import names
     from lorapool.testing.fakekubelet import LocalEngines
 
     ns, name = pool["metadata"]["namespace"], pool["metadata"]["name"]
-    spec, plan = pool["spec"], pool["status"]["plan"]
+    spec = pool["spec"]
     # The client leaves new_client_from_config unannotated; it returns an ApiClient.
     api = cast(Callable[..., client.ApiClient], config.new_client_from_config)(config_file=str(cluster.kubeconfig))
     stack.append(api)
     token = cluster.service_account_kubeconfig(ns, names.engine_service_account(name), path=state / "engine.kubeconfig")
+    engines_box: list[LocalEngines] = []  # filled below: the router asks it which Pod each engine is
+    router = _playground_router(cluster, pool, state, engines_box)
+    stack.append(router)
+    replicas = int(spec.get("replicas", 1))
+    kind = "vLLM (CPU) engine" if start_engine else "lorapool sim"
+    _say(f"Starting a {kind} and a reporting sidecar for each of the {replicas} engine pod(s)")
+    engines = LocalEngines(
+        api, ns, name, state / "engines", sim_flags=_live_sim_flags(api, pool), report_kubeconfig=token,
+        on_change=router.follow, start_engine=start_engine,
+    )  # fmt: skip
+    stack.append(engines)
+    engines_box.append(engines)
+    engines.start()  # one engine per engine pod that exists now; pods created later get theirs within a second
+    adapters = [a["name"] for a in pool["status"].get("adapters", []) if a["phase"] not in ("Failed", "Conflict")]
+    if adapters:
+        _ask(router.port, adapters[0])
+    _try_it(cluster, pool, state, router.url)
+    if start_engine is not None:  # the adapter to try must fit the tiny model the engines serve
+        from lorapool.engine.tinymodel import write_tiny_adapter
+
+        write_tiny_adapter(state / "adapters-src" / "my-adapter", rank=8, base_model=spec["baseModel"]["name"])
+    # Last: a script waiting for this file finds a playground that serves.
+    (state / "router-url").write_text(f"{router.url}/v1\n")
+
+
+def _live_sim_flags(api: Any, pool: dict[str, Any]) -> Callable[[], dict[str, Any]]:
+    """The engine flags of the pool's plan as it is when an engine starts, not as it was when the playground did.
+
+    Apart from ``_data_plane`` because it is its own read: each engine started later (a roll for new
+    vLLM flags, a scale) asks again; when the read fails the plan the playground started with serves."""
+    from kubernetes import client
+
+    from lorapool.api.models import GROUP, VERSION
+
+    ns, name = pool["metadata"]["namespace"], pool["metadata"]["name"]
+    spec, plan = pool["spec"], pool["status"]["plan"]
 
     def sim_flags() -> dict[str, Any]:
         """The pool's plan now: pods that rolled for new vLLM flags get engines with those flags."""
@@ -267,9 +319,20 @@ def _data_plane(cluster: Any, pool: dict[str, Any], state: Path, stack: list[Any
             "max_lora_rank": current["maxLoraRank"], "max_cpu_loras": current["maxCpuLoras"],
         }  # fmt: skip
 
-    engines_box: list[LocalEngines] = []  # filled below: the router asks it which Pod each engine is
+    return sim_flags
+
+
+def _playground_router(cluster: Any, pool: dict[str, Any], state: Path, engines_box: list[Any]) -> _Router:
+    """The router as the pool's chart runs it: its policy and plan flags, reading reports as its ServiceAccount.
+
+    Apart from ``_data_plane`` because it is configuration, not start order: the router starts only
+    when ``follow`` hands it engines, and ``engines_box`` names each engine's Pod once it exists."""
+    from lorapool.render import names
+
+    ns, name = pool["metadata"]["namespace"], pool["metadata"]["name"]
+    spec, plan = pool["spec"], pool["status"]["plan"]
     router_token = cluster.service_account_kubeconfig(ns, names.router(name), path=state / "router.kubeconfig")
-    router = _Router(
+    return _Router(
         policy=spec.get("router", {}).get("policy", "affinity"),
         extra=[
             "--max-loras",
@@ -284,27 +347,6 @@ def _data_plane(cluster: Any, pool: dict[str, Any], state: Path, stack: list[Any
         pods=lambda: {r.sim.url: r.pod for e in engines_box for r in list(e.replicas.values())},
         env={"KUBECONFIG": str(router_token)},
     )
-    stack.append(router)
-    replicas = int(spec.get("replicas", 1))
-    kind = "vLLM (CPU) engine" if start_engine else "lorapool sim"
-    _say(f"Starting a {kind} and a reporting sidecar for each of the {replicas} engine pod(s)")
-    engines = LocalEngines(
-        api, ns, name, state / "engines", sim_flags=sim_flags, report_kubeconfig=token,
-        on_change=router.follow, start_engine=start_engine,
-    )  # fmt: skip
-    stack.append(engines)
-    engines_box.append(engines)
-    engines.start()  # one engine per engine pod that exists now; pods created later get theirs within a second
-    adapters = [a["name"] for a in pool["status"].get("adapters", []) if a["phase"] not in ("Failed", "Conflict")]
-    if adapters:
-        _ask(router.port, adapters[0])
-    _try_it(cluster, pool, state, router.url)
-    if start_engine is not None:  # the adapter to try must fit the tiny model the engines serve
-        from lorapool.engine.tinymodel import write_tiny_adapter
-
-        write_tiny_adapter(state / "adapters-src" / "my-adapter", rank=8, base_model=spec["baseModel"]["name"])
-    # Last: a script waiting for this file finds a playground that serves.
-    (state / "router-url").write_text(f"{router.url}/v1\n")
 
 
 class _Router:
