@@ -77,6 +77,67 @@ def engine_auth_headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
+class _Discovery:
+    """Which backends there are and what each one's sidecar reports: the router's two watches.
+
+    The EndpointSlice watch (``--endpointslices``; else the static ``--backend`` list) sets the
+    backends and polls the new ones at once; the Pod watch (``--report-pods``) folds each Pod's
+    report into its backend. Apart from ``serve`` because both watches share this state and
+    outlive the call that starts them."""
+
+    def __init__(self, settings: RouterSettings, scheduler: Scheduler, poller: Poller) -> None:
+        self.settings, self.scheduler, self.poller = settings, scheduler, poller
+        self.loop = asyncio.get_running_loop()
+        self.background: set[asyncio.Task[None]] = set()
+        self.watch: EndpointSliceWatch | None = None
+        self.reports: ListWatch[PodFacts] | None = None
+        self.pods: dict[str, PodFacts] = {}
+        self.static_pods = dict(settings.backend_pods)
+
+    def fold_reports(self) -> None:
+        """Give each backend its pod's report (by name from the slices or --backend-pod, else by IP)."""
+        if self.settings.report_pods:
+            pod_of = {**self.static_pods, **(self.watch.targets if self.watch is not None else {})}
+            backends = (b.id for b in self.scheduler.backends())
+            self.scheduler.set_reports(backend_reports(backends, self.pods, pod_of))
+
+    def on_pods(self, facts: dict[str, PodFacts]) -> None:
+        self.pods.clear()
+        self.pods.update(facts)
+        self.fold_reports()
+
+    def on_change(self, urls: list[str]) -> None:
+        added, removed = self.scheduler.set_backends(urls)
+        self.fold_reports()
+        if added or removed:
+            log.info("Updated backends", extra={"added": added, "removed": removed})
+            task = self.loop.create_task(self.poller.poll_all())
+            self.background.add(task)
+            task.add_done_callback(self.background.discard)
+
+    async def start(self, pods_target: tuple[str, str] | None) -> None:
+        """Start both watches and wait (up to 10 s each) for their first list."""
+        if self.settings.endpointslices:
+            namespace, service = parse_target(self.settings.endpointslices)
+            self.watch = EndpointSliceWatch(
+                namespace, service, self.on_change, self.loop, port_name=self.settings.port_name
+            )
+            self.watch.start()
+            await asyncio.to_thread(self.watch.synced.wait, 10.0)
+        else:
+            self.scheduler.set_backends(self.settings.backends)
+        if pods_target is not None:
+            self.reports = pod_report_watch(*pods_target, self.on_pods, self.loop)
+            self.reports.start()
+            await asyncio.to_thread(self.reports.synced.wait, 10.0)
+
+    def stop(self) -> None:
+        if self.watch is not None:
+            self.watch.stop()
+        if self.reports is not None:
+            self.reports.stop()
+
+
 async def serve(settings: RouterSettings) -> None:
     """Run until a stop signal arrives."""
     scheduling = registry.build(settings.policy, settings.policy_params())
@@ -91,64 +152,13 @@ async def serve(settings: RouterSettings) -> None:
         connector=connector, auto_decompress=False, headers=engine_auth_headers()
     ) as session:
         poller = Poller(scheduler, session, settings)
-        background: set[asyncio.Task[None]] = set()
-        watch: EndpointSliceWatch | None = None
-        pods: dict[str, PodFacts] = {}
-        static_pods = dict(settings.backend_pods)
-
-        def fold_reports() -> None:
-            """Give each backend its pod's report (by name from the slices or --backend-pod, else by IP)."""
-            if settings.report_pods:
-                pod_of = {**static_pods, **(watch.targets if watch is not None else {})}
-                scheduler.set_reports(backend_reports((b.id for b in scheduler.backends()), pods, pod_of))
-
-        def on_pods(facts: dict[str, PodFacts]) -> None:
-            pods.clear()
-            pods.update(facts)
-            fold_reports()
-
-        if settings.endpointslices:
-            namespace, service = parse_target(settings.endpointslices)
-
-            def on_change(urls: list[str]) -> None:
-                added, removed = scheduler.set_backends(urls)
-                fold_reports()
-                if added or removed:
-                    log.info("Updated backends", extra={"added": added, "removed": removed})
-                    task = loop.create_task(poller.poll_all())
-                    background.add(task)
-                    task.add_done_callback(background.discard)
-
-            watch = EndpointSliceWatch(namespace, service, on_change, loop, port_name=settings.port_name)
-            watch.start()
-            await asyncio.to_thread(watch.synced.wait, 10.0)
-        else:
-            scheduler.set_backends(settings.backends)
-        reports: ListWatch[PodFacts] | None = None
-        if pods_target is not None:
-            reports = pod_report_watch(*pods_target, on_pods, loop)
-            reports.start()
-            await asyncio.to_thread(reports.synced.wait, 10.0)
+        discovery = _Discovery(settings, scheduler, poller)
+        await discovery.start(pods_target)
         await poller.poll_all()
         counter = RequestCounter(settings.requests_window_s, time.monotonic())
         publisher = publisher_for(settings, counter)
-        app = build_app(scheduler, session, telemetry, settings, counter)
-        runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
-        await runner.setup()
-        site = web.TCPSite(runner, settings.host, settings.port, backlog=1024)
-        await site.start()
-        backends = scheduler.backends()
-        up = sum(s.up for s in backends)
-        log.info(
-            "Started router",
-            extra={
-                "address": f"http://{settings.host}:{settings.port}",
-                "policy": settings.policy,
-                "backends": len(backends),
-                "backends_up": up,
-                "reports": sum(st.report is not None for st in backends),
-            },
-        )
+        runner = await _start_site(build_app(scheduler, session, telemetry, settings, counter), settings)
+        _log_started(settings, scheduler)
         polling = loop.create_task(poller.run())
         stop = asyncio.Event()
         publishing = loop.create_task(publisher.run(stop)) if publisher is not None else None
@@ -158,15 +168,38 @@ async def serve(settings: RouterSettings) -> None:
             await stop.wait()
         finally:
             log.info("Stopping router")
-            polling.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await polling
+            await _cancelled(polling)
             if publishing is not None:  # a write in flight is dropped: the counts are a rate, not a ledger
-                publishing.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await publishing
-            if watch is not None:
-                watch.stop()
-            if reports is not None:
-                reports.stop()
+                await _cancelled(publishing)
+            discovery.stop()
             await runner.cleanup()
+
+
+async def _start_site(app: web.Application, settings: RouterSettings) -> web.AppRunner:
+    """Listen on --host/--port; in-flight requests get SHUTDOWN_GRACE_S at cleanup."""
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, settings.port, backlog=1024)
+    await site.start()
+    return runner
+
+
+def _log_started(settings: RouterSettings, scheduler: Scheduler) -> None:
+    backends = scheduler.backends()
+    log.info(
+        "Started router",
+        extra={
+            "address": f"http://{settings.host}:{settings.port}",
+            "policy": settings.policy,
+            "backends": len(backends),
+            "backends_up": sum(s.up for s in backends),
+            "reports": sum(st.report is not None for st in backends),
+        },
+    )
+
+
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    """Cancel ``task`` and wait until it has ended."""
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

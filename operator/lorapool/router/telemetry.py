@@ -84,6 +84,16 @@ class Telemetry:
         self.registry = CollectorRegistry(auto_describe=True)
         self._max_labels = max_model_labels
         self._labelled: set[str] = set()
+        self._register_request_metrics()
+        self._register_adapter_metrics()
+        self._register_routing_metrics()
+        # Labelled children, looked up once: ``labels()`` takes a lock and checks its arguments.
+        self._decided = {kind: self.decisions.labels(kind.value) for kind in DecisionKind}
+        self._answered: dict[tuple[str, str], Any] = {}
+        self._routed: dict[str, tuple[Any, Any, Any]] = {}
+
+    def _register_request_metrics(self) -> None:
+        """Per request: answers by model and code, and how long it took (first token, last byte, queued)."""
         self.requests = Counter(
             "lorapool_router_requests",
             "Requests answered, by model and HTTP status",
@@ -110,6 +120,9 @@ class Telemetry:
             buckets=LATENCY_BUCKETS_S,
             registry=self.registry,
         )
+
+    def _register_adapter_metrics(self) -> None:
+        """Per adapter: requests bound (hit or miss), slot loads the router caused, seconds held."""
         self.adapter_requests = Counter(
             "lorapool_router_adapter_requests",
             "Adapter requests bound to a replica, by adapter and result: hit (the adapter was in a GPU"
@@ -130,6 +143,9 @@ class Telemetry:
             ["adapter", "reason"],
             registry=self.registry,
         )
+
+    def _register_routing_metrics(self) -> None:
+        """Per routing decision: its kind, retries on another backend, responses cut short."""
         self.decisions = Counter(
             "lorapool_router_decisions",
             "Routing decisions by kind; a held request counts as queued, then as its bind",
@@ -147,10 +163,6 @@ class Telemetry:
             "Responses cut short because a backend failed mid-response",
             registry=self.registry,
         )
-        # Labelled children, looked up once: ``labels()`` takes a lock and checks its arguments.
-        self._decided = {kind: self.decisions.labels(kind.value) for kind in DecisionKind}
-        self._answered: dict[tuple[str, str], Any] = {}
-        self._routed: dict[str, tuple[Any, Any, Any]] = {}
 
     def decided(self, kind: DecisionKind) -> None:
         """Count one routing decision."""
