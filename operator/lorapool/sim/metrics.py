@@ -88,6 +88,11 @@ class _EngineCollector(Collector):
         self.metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
+        yield from self._vllm_families()
+        yield from self._sim_families()
+
+    def _vllm_families(self) -> Iterator[Metric]:
+        """The families vLLM itself exports, under its names and labels: what the router and the sizing loop read."""
         m = self.metrics
         engine = m.engine
         stats = engine.stats
@@ -127,6 +132,10 @@ class _EngineCollector(Collector):
                 info.add_metric(list(label_values), stamp)
             yield info
 
+    def _sim_families(self) -> Iterator[Metric]:
+        """The simulator's own ``sim:`` families: what a benchmark reads to tell the model from the simulator."""
+        m = self.metrics
+        stats = m.engine.stats
         loads = CounterMetricFamily(
             "sim:lora_loads",
             "Simulator: adapters copied into a GPU slot inside an engine step or a load call, "

@@ -120,23 +120,7 @@ def parse_generation(body: Any, *, chat: bool) -> Generation:
     if n > 1 and stream:
         raise bad_request("the simulator streams n=1 only (n > 1 works without stream)", "n")
     if chat:
-        messages = body.get("messages")
-        if isinstance(messages, list) and not messages:
-            raise bad_request("Cannot apply chat template to an empty conversation. Provide at least one message.")
-        if not isinstance(messages, list):
-            raise wrong_type("messages", messages, "list_type", "Input should be a valid list")
-        for index, message in enumerate(messages):
-            if not isinstance(message, Mapping):
-                raise wrong_type(f"messages.{index}", message, "model_type", "Input should be a valid dictionary")
-        try:
-            prompt_tokens, prompt = count_chat_tokens(messages)
-        except ValueError as exc:
-            # pydantic tries every message type of the union; its first location is as good as ours
-            raise invalid_body(str(exc), "body.messages") from exc
-        max_tokens = lax_int(body, "max_completion_tokens")
-        param = "max_completion_tokens"
-        if max_tokens is None:
-            max_tokens, param = lax_int(body, "max_tokens"), "max_tokens"
+        prompt, prompt_tokens, max_tokens, param = _chat_prompt(body)
     else:
         param = "max_tokens"
         prompt, prompt_tokens = _completion_prompt(body.get("prompt"))
@@ -145,14 +129,7 @@ def parse_generation(body: Any, *, chat: bool) -> Generation:
         raise bad_request(
             f"max_tokens must be at least 1, got {max_tokens}. (parameter=max_tokens, value={max_tokens})", "max_tokens"
         )
-    options = body.get("stream_options")
-    if options is not None and not isinstance(options, Mapping):
-        raise wrong_type("stream_options", options, "model_type", "Input should be a valid dictionary")
-    if options is not None and not stream:
-        raise bad_request(
-            "Stream options can only be defined when `stream=True`. (parameter=stream_options)", "stream_options"
-        )
-    include_usage = bool(options and options.get("include_usage"))
+    include_usage = _include_usage(body, stream=stream)
     return Generation(
         chat=chat,
         model=model,
@@ -166,6 +143,44 @@ def parse_generation(body: Any, *, chat: bool) -> Generation:
         ignore_eos=bool(lax_bool(body, "ignore_eos", False)),
         seed=lax_int(body, "seed"),
     )
+
+
+def _chat_prompt(body: Mapping[str, Any]) -> tuple[str, int, int | None, str]:
+    """A chat request's prompt text, its tokens, its token limit and the field that set the limit.
+
+    Apart from ``parse_generation`` because chat differs in all three: messages, not a prompt,
+    are checked and counted under the chat template, and ``max_completion_tokens`` wins over
+    ``max_tokens``, the field named in any later error."""
+    messages = body.get("messages")
+    if isinstance(messages, list) and not messages:
+        raise bad_request("Cannot apply chat template to an empty conversation. Provide at least one message.")
+    if not isinstance(messages, list):
+        raise wrong_type("messages", messages, "list_type", "Input should be a valid list")
+    for index, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise wrong_type(f"messages.{index}", message, "model_type", "Input should be a valid dictionary")
+    try:
+        prompt_tokens, prompt = count_chat_tokens(messages)
+    except ValueError as exc:
+        # pydantic tries every message type of the union; its first location is as good as ours
+        raise invalid_body(str(exc), "body.messages") from exc
+    max_tokens = lax_int(body, "max_completion_tokens")
+    param = "max_completion_tokens"
+    if max_tokens is None:
+        max_tokens, param = lax_int(body, "max_tokens"), "max_tokens"
+    return prompt, prompt_tokens, max_tokens, param
+
+
+def _include_usage(body: Mapping[str, Any], *, stream: bool) -> bool:
+    """``stream_options.include_usage``, refused as vLLM refuses it: not an object, or without ``stream``."""
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, Mapping):
+        raise wrong_type("stream_options", options, "model_type", "Input should be a valid dictionary")
+    if options is not None and not stream:
+        raise bad_request(
+            "Stream options can only be defined when `stream=True`. (parameter=stream_options)", "stream_options"
+        )
+    return bool(options and options.get("include_usage"))
 
 
 _TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
