@@ -181,7 +181,7 @@ def tokenizer_files(spec: TinyModelSpec) -> dict[str, str]:
 
 def build_tokenizer(out_dir: str, vocab_size: int) -> None:
     """Write tokenizer.json: byte-level BPE, no merges. Runs where ``tokenizers`` is installed."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors  # type: ignore[import-not-found]
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     vocab = {symbol: index for index, symbol in enumerate(alphabet)}
