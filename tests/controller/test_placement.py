@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from lorapool.api.clock import rfc3339
 from lorapool.api.load import parse_object
 from lorapool.api.models import LoRAPool
 from lorapool.api.report import AdapterLoad as ReplicaLoad
@@ -25,7 +26,6 @@ from lorapool.controller.placement import (
     pod_slots,
     previous_k,
     request_rates,
-    rfc3339,
     scaling_rule,
     slot_patches,
 )

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from lorapool.api.clock import rfc3339
 from lorapool.api.load import parse_object
 from lorapool.api.models import LoRAPool
 from lorapool.api.report import ANNOTATION, Observations, ReplicaReport, encode
@@ -19,7 +20,6 @@ from lorapool.controller.sizing import (
     PodWindow,
     bounded_step,
     pod_windows,
-    rfc3339,
     size,
     tuned_max_loras,
 )

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
+from lorapool.api.clock import unix
 from lorapool.api.models import ALL, AUTO, LoRAPool
 from lorapool.api.report import pod_report
 from lorapool.api.requests import pod_requests
@@ -197,13 +197,9 @@ def observed_load(
     }
 
 
-def rfc3339(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _epoch(text: str) -> float | None:
     try:
-        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+        return unix(text)
     except ValueError:
         return None
 

@@ -14,11 +14,11 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from prometheus_client import Counter, Histogram
 
+from lorapool.api.clock import rfc3339
 from lorapool.api.models import LoRAPool
 from lorapool.api.status import AdapterPhase, LoRAPoolStatus
 from lorapool.controller import decide, signals, sizing
@@ -59,10 +59,6 @@ class Settings:
     render: RenderOptions
     metadata_timeout_s: float = 10.0
     metadata_concurrency: int = 8
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 async def fetch_adapter_metadata(adapter: PoolAdapter, fetch: ConfigFetcher, timeout_s: float) -> Fetched:
@@ -240,7 +236,9 @@ class PoolReconciler:
     async def _write_pool_status(self, body: Mapping[str, Any], status: LoRAPoolStatus) -> None:
         current = body.get("status") or {}
         stamped = status.model_copy(
-            update={"conditions": merge_conditions(current.get("conditions") or [], status.conditions, _now())}
+            update={
+                "conditions": merge_conditions(current.get("conditions") or [], status.conditions, rfc3339(time.time()))
+            }
         )
         patch = stamped.to_patch()
         if not status_changed(current, patch):
@@ -262,7 +260,11 @@ class PoolReconciler:
             verdict = decide.missing_pool(namespace, name, meta["name"])
             status = adapter_object_status(name, meta.get("generation"), verdict)
             status = status.model_copy(
-                update={"conditions": merge_conditions(current.get("conditions") or [], status.conditions, _now())}
+                update={
+                    "conditions": merge_conditions(
+                        current.get("conditions") or [], status.conditions, rfc3339(time.time())
+                    )
+                }
             )
             patch = status.to_patch()
             if status_changed(current, patch):
@@ -292,7 +294,11 @@ class PoolReconciler:
                 else None,
             )
             status = status.model_copy(
-                update={"conditions": merge_conditions(current.get("conditions") or [], status.conditions, _now())}
+                update={
+                    "conditions": merge_conditions(
+                        current.get("conditions") or [], status.conditions, rfc3339(time.time())
+                    )
+                }
             )
             patch = status.to_patch()
             if status_changed(current, patch):

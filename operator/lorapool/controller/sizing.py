@@ -27,9 +27,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
+from lorapool.api.clock import rfc3339, unix
 from lorapool.api.models import AUTO, LoRAPool, SizingTuning
 from lorapool.api.report import Observations, pod_report
 from lorapool.api.status import RecommendationStatus, SizingStatus
@@ -39,14 +39,6 @@ from lorapool.plan.sizing import MIN_SAMPLES, Action, Evidence, Recommendation, 
 
 MAX_AGE_S = 300.0  # a report's window older than this is not evidence (a stuck sidecar, a dead engine)
 WATCHING, KEPT, ROLLED_BACK = "Watching", "Kept", "RolledBack"
-
-
-def rfc3339(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def unix(text: str) -> float:
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
 
 
 @dataclass(frozen=True)
