@@ -20,6 +20,7 @@ from kubernetes import client
 from prometheus_client import start_http_server
 
 from lorapool.api.models import GROUP, VERSION
+from lorapool.api.pods import engine_pod
 from lorapool.controller.kube import Kube
 from lorapool.controller.leader import LeaseElector
 from lorapool.controller.reconcile import PoolReconciler, Settings
@@ -163,7 +164,7 @@ def build_registry(reconciler: PoolReconciler) -> kopf.OperatorRegistry:
         if type == "DELETED":
             seen_pods.pop(key, None)
         else:
-            mark = pod_mark(body)
+            mark = pod_mark(engine_pod(body))
             if seen_pods.get(key) == mark:
                 return
             seen_pods[key] = mark

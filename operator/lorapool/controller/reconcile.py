@@ -20,6 +20,7 @@ from prometheus_client import Counter, Histogram
 
 from lorapool.api.clock import rfc3339
 from lorapool.api.models import LoRAPool
+from lorapool.api.pods import EnginePod, engine_pods
 from lorapool.api.status import AdapterPhase, LoRAPoolStatus
 from lorapool.controller import decide, signals, sizing
 from lorapool.controller.decide import Decision, Event, Fetched
@@ -129,10 +130,11 @@ class PoolReconciler:
         objects = decide.pool_adapters(adapter_bodies, name)
         merged = merge_adapters(pool, objects.valid)
         verdicts = await self._read_adapter_metadata(pool, merged.adapters)
-        # 2b. read engine pods (their slots and their sidecars' load reports) and router pods (their
-        # request counts per adapter): both feed placement. Router pods trigger nothing (app.py watches
-        # engine pods only): their counts are read here, at the next reconcile or the resync.
-        pods = await self._io(self.kube.list, "Pod", namespace, names.selector_string(name, "engine"))
+        # 2b. read engine pods (their slots and their sidecars' load reports, decoded once here) and
+        # router pods (their request counts per adapter): both feed placement. Router pods trigger
+        # nothing (app.py watches engine pods only): their counts are read here, at the next
+        # reconcile or the resync.
+        pods = engine_pods(await self._io(self.kube.list, "Pod", namespace, names.selector_string(name, "engine")))
         routers = await self._io(self.kube.list, "Pod", namespace, names.selector_string(name, "router"))
         # 3. decide (pure)
         decision = decide.decide(
@@ -152,7 +154,7 @@ class PoolReconciler:
         await self._assign_slots(pool, pods)
         self._export_signals(pool, pods, decision)
         # 5. observe
-        observed, pods = await self._observe(pool, body, decision)
+        observed, pods = await self._observe(pool, body, decision, pods)
         # 6. size (pure): status.recommendation from the sidecars' reports; the opt-in loop's change
         now = time.time()
         sized = sizing.size(
@@ -197,7 +199,7 @@ class PoolReconciler:
                     },
                 )
 
-    def _export_signals(self, pool: LoRAPool, pods: Sequence[Mapping[str, Any]], decision: Decision) -> None:
+    def _export_signals(self, pool: LoRAPool, pods: Sequence[EnginePod], decision: Decision) -> None:
         """The pool's autoscaling signals, and the loads a placement change asked for (per scale event)."""
         namespace, name = pool.metadata.namespace, pool.metadata.name
         signals.export(namespace, name, pool_signals(pool, pods, decision.placement))
@@ -209,7 +211,7 @@ class PoolReconciler:
             log.info("Moved adapters", extra={"pool": f"{namespace}/{name}", "loads": loads})
         self._placed[(namespace, name)] = holders
 
-    async def _assign_slots(self, pool: LoRAPool, pods: Sequence[Mapping[str, Any]]) -> None:
+    async def _assign_slots(self, pool: LoRAPool, pods: Sequence[EnginePod]) -> None:
         """Give each engine pod its stable placement slot (and the deletion cost that keeps scale-downs
         at the top slot); written only where a pod's annotations are stale."""
         current = pod_slots(pods)
@@ -225,12 +227,15 @@ class PoolReconciler:
             )
 
     async def _observe(
-        self, pool: LoRAPool, body: Mapping[str, Any], decision: Decision
-    ) -> tuple[Observed, list[dict[str, Any]]]:
+        self, pool: LoRAPool, body: Mapping[str, Any], decision: Decision, earlier: Sequence[EnginePod]
+    ) -> tuple[Observed, tuple[EnginePod, ...]]:
+        """The children as the API server has them after the apply; engine pods unchanged since
+        ``earlier`` (the same resourceVersion) are not decoded again."""
         namespace, name = pool.metadata.namespace, pool.metadata.name
         engine = await self._io(self.kube.get, "Deployment", namespace, names.engine(name))
         router = await self._io(self.kube.get, "Deployment", namespace, names.router(name))
-        pods = await self._io(self.kube.list, "Pod", namespace, names.selector_string(name, "engine"))
+        listed = await self._io(self.kube.list, "Pod", namespace, names.selector_string(name, "engine"))
+        pods = engine_pods(listed, known=earlier)
         return decide.observe(pool, body, decision, engine, router, pods), pods
 
     async def _write_pool_status(self, body: Mapping[str, Any], status: LoRAPoolStatus) -> None:

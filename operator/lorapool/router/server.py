@@ -19,11 +19,12 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
+from lorapool.api.pods import EnginePod
 from lorapool.podstatus import PodRef, api_server
 from lorapool.render.names import ENGINE_API_KEY_ENV
 from lorapool.router.app import build_app
 from lorapool.router.core import registry
-from lorapool.router.core.reports import PodFacts, backend_reports
+from lorapool.router.core.reports import backend_reports
 from lorapool.router.core.requestcount import RequestCounter
 from lorapool.router.endpointslices import EndpointSliceWatch, parse_target
 from lorapool.router.kubewatch import ListWatch
@@ -93,7 +94,7 @@ async def serve(settings: RouterSettings) -> None:
         poller = Poller(scheduler, session, settings)
         background: set[asyncio.Task[None]] = set()
         watch: EndpointSliceWatch | None = None
-        pods: dict[str, PodFacts] = {}
+        pods: dict[str, EnginePod] = {}
         static_pods = dict(settings.backend_pods)
 
         def fold_reports() -> None:
@@ -102,7 +103,7 @@ async def serve(settings: RouterSettings) -> None:
                 pod_of = {**static_pods, **(watch.targets if watch is not None else {})}
                 scheduler.set_reports(backend_reports((b.id for b in scheduler.backends()), pods, pod_of))
 
-        def on_pods(facts: dict[str, PodFacts]) -> None:
+        def on_pods(facts: dict[str, EnginePod]) -> None:
             pods.clear()
             pods.update(facts)
             fold_reports()
@@ -124,7 +125,7 @@ async def serve(settings: RouterSettings) -> None:
             await asyncio.to_thread(watch.synced.wait, 10.0)
         else:
             scheduler.set_backends(settings.backends)
-        reports: ListWatch[PodFacts] | None = None
+        reports: ListWatch[EnginePod] | None = None
         if pods_target is not None:
             reports = pod_report_watch(*pods_target, on_pods, loop)
             reports.start()
