@@ -14,8 +14,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "operator" / "lorapool"
 MAX_LINES = 60
 
-# Split on branch pods, in parallel with this test; the entry goes when that branch merges.
-BEING_SPLIT = {"operator/lorapool/controller/reconcile.py:PoolReconciler.reconcile"}
+# Functions allowed over the limit while a change that splits them is in flight (each entry with
+# its reason); empty now.
+BEING_SPLIT: set[str] = set()
 
 
 def _functions(tree: ast.AST, prefix: str = "") -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:

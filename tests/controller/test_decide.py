@@ -8,6 +8,7 @@ import pytest
 
 from lorapool.api.load import parse_object
 from lorapool.api.models import LoRAAdapter, LoRAPool
+from lorapool.api.pods import engine_pods
 from lorapool.api.status import AdapterPhase, LoRAAdapterStatus
 from lorapool.controller import decide
 from lorapool.controller.decide import Event, Fetched
@@ -160,7 +161,7 @@ SCHEDULING = {
 
 @pytest.mark.parametrize(("pods", "expected"), list(SCHEDULING.values()), ids=list(SCHEDULING))
 def test_unschedulable(pods: list[dict[str, Any]], expected: str | None) -> None:
-    got = decide.unschedulable(pool(), pods)
+    got = decide.unschedulable(pool(), engine_pods(pods))
     assert got == expected if expected is None else (got is not None and got.startswith(expected))
     if got:
         assert "NVIDIA-A100-SXM4-80GB" in got and "change spec.gpu" in got

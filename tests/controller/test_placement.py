@@ -8,8 +8,10 @@ from typing import Any
 
 import pytest
 
+from lorapool.api.clock import rfc3339
 from lorapool.api.load import parse_object
 from lorapool.api.models import LoRAPool
+from lorapool.api.pods import EnginePod, engine_pod, engine_pods
 from lorapool.api.report import AdapterLoad as ReplicaLoad
 from lorapool.api.report import Observations, ReplicaReport, encode
 from lorapool.api.requests import ANNOTATION as REQUESTS
@@ -25,7 +27,6 @@ from lorapool.controller.placement import (
     pod_slots,
     previous_k,
     request_rates,
-    rfc3339,
     scaling_rule,
     slot_patches,
 )
@@ -115,7 +116,7 @@ def test_pod_slots_read_the_annotations() -> None:
             "annotations": {names.SLOT_ANNOTATION: "3", names.POD_DELETION_COST_ANNOTATION: "-3"},
         }
     }
-    assert pod_slots([pod, {"metadata": {"name": "x", "deletionTimestamp": "now"}}]) == [
+    assert pod_slots(engine_pods([pod, {"metadata": {"name": "x", "deletionTimestamp": "now"}}])) == [
         PodSlot("p-engine-1", 3, "2026-12-03T00:00:00Z", False, "-3"),
         PodSlot("x", None, "", True, None),
     ]
@@ -206,11 +207,11 @@ def obs(adapters: dict[str, ReplicaLoad], ttft_p99_s: float | None = None) -> Ob
     )  # fmt: skip
 
 
-def reported(name: str, o: Observations, terminating: bool = False) -> dict[str, Any]:
+def reported(name: str, o: Observations, terminating: bool = False) -> EnginePod:
     meta: dict[str, Any] = {"name": name, "annotations": {"lorapool.io/adapters": encode(ReplicaReport(True, {}, o))}}
     if terminating:
         meta["deletionTimestamp"] = "2026-12-03T00:00:00Z"
-    return {"metadata": meta}
+    return engine_pod({"metadata": meta})
 
 
 def test_observed_load_sums_waits_over_replicas_and_takes_ttft_where_the_adapter_was_busy() -> None:
@@ -218,7 +219,7 @@ def test_observed_load_sums_waits_over_replicas_and_takes_ttft_where_the_adapter
         reported("p0", obs({"a": ReplicaLoad(60.0, 30.0), "b": ReplicaLoad(6.0, 0.0)}, ttft_p99_s=3.0)),
         reported("p1", obs({"a": ReplicaLoad(40.0, 15.0)}, ttft_p99_s=1.5)),
         reported("gone", obs({"a": ReplicaLoad(60.0, 60.0)}), terminating=True),
-        {"metadata": {"name": "no-report"}},
+        engine_pod({"metadata": {"name": "no-report"}}),
     ]
     got = observed_load(pods)
     assert got["a"] == AdapterLoad(

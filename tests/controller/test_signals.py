@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from lorapool.api.models import API_VERSION
+from lorapool.api.pods import engine_pod
 from lorapool.api.report import AdapterLoad as ReplicaLoad
 from lorapool.controller import signals
 from lorapool.controller.placement import decide_placement, pool_signals
@@ -32,7 +33,7 @@ def test_pool_signals_from_reports_and_placement() -> None:
         reported("e0", obs({"a0": ReplicaLoad(60.0, 20.0), "a1": ReplicaLoad(10.0, 0.0)})),  # p95 3 of 4 slots
         reported("e1", obs({"a2": ReplicaLoad(30.0, 5.0)})),
         reported("gone", obs({"a3": ReplicaLoad(60.0, 60.0)}), terminating=True),
-        {"metadata": {"name": "starting"}},
+        engine_pod({"metadata": {"name": "starting"}}),
     ]
     got = pool_signals(p, pods, placement)
     assert got.replicas == 2 and got.reporting_replicas == 2

@@ -8,8 +8,10 @@ from typing import Any
 
 import pytest
 
+from lorapool.api.clock import rfc3339
 from lorapool.api.load import parse_object
 from lorapool.api.models import LoRAPool
+from lorapool.api.pods import engine_pods
 from lorapool.api.report import ANNOTATION, Observations, ReplicaReport, encode
 from lorapool.api.status import SizingStatus
 from lorapool.controller.sizing import (
@@ -19,7 +21,6 @@ from lorapool.controller.sizing import (
     PodWindow,
     bounded_step,
     pod_windows,
-    rfc3339,
     size,
     tuned_max_loras,
 )
@@ -266,4 +267,4 @@ def test_pod_windows_read_fresh_reports_of_serving_pods_only() -> None:
         pod("going", fresh, deleting=True),
         pod("silent", None),
     ]
-    assert [w.pod for w in pod_windows(pods, NOW)] == ["a", "b"]
+    assert [w.pod for w in pod_windows(engine_pods(pods), NOW)] == ["a", "b"]

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from lorapool.api.pods import engine_pod
 from lorapool.api.report import (
     ANNOTATION,
     SYNCED_CONDITION,
@@ -88,7 +89,7 @@ POD_CHANGES = {
 
 @pytest.mark.parametrize(("change", "triggers"), list(POD_CHANGES.values()), ids=list(POD_CHANGES))
 def test_pod_mark(change: Callable[[dict[str, Any]], None], triggers: bool) -> None:
-    assert (pod_mark(edit(change)) != pod_mark(BASE)) == triggers
+    assert (pod_mark(engine_pod(edit(change))) != pod_mark(engine_pod(BASE))) == triggers
 
 
 META = {"generation": 3, "labels": {"a": "b"}, "annotations": {"x": "y"}}

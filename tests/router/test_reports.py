@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from lorapool.api.pods import EnginePod, engine_pod
 from lorapool.api.report import ANNOTATION, AdapterReport, ReplicaReport, encode
 from lorapool.api.report import ReplicaPhase as P
 from lorapool.api.vllm_metrics import VllmMetrics
@@ -16,7 +17,7 @@ from lorapool.router.core import registry
 from lorapool.router.core.admission import RefusalReason
 from lorapool.router.core.backend import Request
 from lorapool.router.core.discovery import backend_targets
-from lorapool.router.core.reports import PodFacts, Standing, backend_reports, pod_facts, served, standing
+from lorapool.router.core.reports import Standing, backend_reports, served, standing
 from lorapool.router.core.state import BackendState
 from lorapool.router.podreports import parse_backend_pod, parse_pods_target
 from lorapool.router.scheduler import Lease, Refused, Scheduler
@@ -110,7 +111,7 @@ GOOD = encode(report(sql=LOADED))
     ],
 )
 def test_pod_facts_trust_only_ready_live_pods(obj: dict, usable: bool) -> None:
-    facts = pod_facts(obj)
+    facts = engine_pod(obj)
     assert facts.name == "p"
     assert (facts.usable is not None) == usable
     if usable:
@@ -120,9 +121,9 @@ def test_pod_facts_trust_only_ready_live_pods(obj: dict, usable: bool) -> None:
 def test_backends_find_their_pods_by_name_else_by_ip() -> None:
     r1, r2, r3 = report(sql=LOADED), report(chat=LOADED), report(code=LOADED)
     pods = {
-        "e-0": PodFacts("e-0", "10.0.0.1", True, False, r1),
-        "e-1": PodFacts("e-1", "10.0.0.2", True, False, r2),
-        "e-2": PodFacts("e-2", "10.0.0.3", False, False, r3),  # not ready: its report is not trusted
+        "e-0": EnginePod("e-0", ip="10.0.0.1", ready=True, report=r1),
+        "e-1": EnginePod("e-1", ip="10.0.0.2", ready=True, report=r2),
+        "e-2": EnginePod("e-2", ip="10.0.0.3", ready=False, report=r3),  # not ready: its report is not trusted
     }
     found = backend_reports(
         ["http://127.0.0.1:8001", "http://10.0.0.2:8000", "http://10.0.0.3:8000", "http://10.9.9.9:8000"],
@@ -383,7 +384,7 @@ def test_reports_are_forgotten_when_the_pod_watch_keeps_failing() -> None:
             published.append(items)
             got.set()
 
-        watch = ListWatch("Pods", list_call, "ns", "a=b", pod_facts, publish, asyncio.get_running_loop(),
+        watch = ListWatch("Pods", list_call, "ns", "a=b", engine_pod, publish, asyncio.get_running_loop(),
                           api_client=object(), forget_after_failures=FORGET_AFTER_FAILURES)  # fmt: skip
         watch.start()
         try:

@@ -282,6 +282,7 @@ def _decode_observations(raw: Any) -> Observations | None:
 
 
 def pod_report(pod: Mapping[str, Any]) -> ReplicaReport | None:
-    """The report on a Pod object (as the API server returns it)."""
+    """The report on a Pod object (as the API server returns it). Readers take it from
+    ``lorapool.api.pods.EnginePod.report``: ``engine_pod`` calls this once per Pod read."""
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     return decode(annotations.get(ANNOTATION))

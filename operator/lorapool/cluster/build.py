@@ -46,6 +46,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from lorapool.api.clock import rfc3339
 from lorapool.cluster.versions import COMPONENTS, Component, bin_dir, cache_root
 
 STAMP = "BUILD.json"
@@ -209,7 +210,7 @@ def build_component(component: Component, root: Path) -> float:
             "package": component.package,
             "go": go_output(["env", "GOVERSION"], tmp, env).strip(),
             "build_seconds": round(seconds, 1),
-            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "built_at": rfc3339(time.time()),
         }
         (tmp / STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
         tmp.chmod(0o755)

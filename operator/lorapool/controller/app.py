@@ -20,6 +20,7 @@ from kubernetes import client
 from prometheus_client import start_http_server
 
 from lorapool.api.models import GROUP, VERSION
+from lorapool.api.pods import engine_pod
 from lorapool.controller.kube import Kube
 from lorapool.controller.leader import LeaseElector
 from lorapool.controller.reconcile import PoolReconciler, Settings
@@ -192,7 +193,7 @@ def _watch_children(registry: kopf.OperatorRegistry, reconciler: PoolReconciler)
         if type == "DELETED":
             seen_pods.pop(key, None)
         else:
-            mark = pod_mark(body)
+            mark = pod_mark(engine_pod(body))
             if seen_pods.get(key) == mark:
                 return
             seen_pods[key] = mark

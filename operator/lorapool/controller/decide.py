@@ -19,7 +19,8 @@ from pydantic import ValidationError
 from lorapool.api.load import describe
 from lorapool.api.models import LoRAAdapter, LoRAPool
 from lorapool.api.peft import parse_adapter_config, same_base_model
-from lorapool.api.report import adapter_identity, pod_report
+from lorapool.api.pods import EnginePod
+from lorapool.api.report import adapter_identity
 from lorapool.api.status import AdapterPhase, ConditionType, LoRAAdapterStatus
 from lorapool.controller.placement import Placement, decide_placement, observed_load, previous_k
 from lorapool.controller.status import (
@@ -175,7 +176,7 @@ def decide(
     invalid: Sequence[tuple[str, str]],
     options: RenderOptions,
     *,
-    pods: Sequence[Mapping[str, Any]] = (),
+    pods: Sequence[EnginePod] = (),
     routers: Sequence[Mapping[str, Any]] = (),
     status: Mapping[str, Any] | None = None,
     now: float = 0.0,
@@ -186,7 +187,7 @@ def decide(
     ``verdicts`` are ``judge_adapter`` results in ``merged.adapters`` order. Every rank the
     planner sees either fits its max-lora-rank or makes the plan fail naming the adapter, so
     an adapter that reaches the rendered set always loads. ``pods`` (the engine pods, with their
-    sidecars' reports), ``routers`` (the router pods, with their request counts), the pool's last
+    sidecars' reports: ``lorapool.api.pods.engine_pods``), ``routers`` (the router pods, with their request counts), the pool's last
     ``status`` and ``now`` (Unix seconds) feed placement.
     ``tuned``: the --max-loras the sizing loop applies (``controller.sizing.tuned_max_loras``).
     """
@@ -212,53 +213,38 @@ def decide(
 # --- 5. observe ------------------------------------------------------------------------------
 
 
-def unschedulable(pool: LoRAPool, pods: Sequence[Mapping[str, Any]]) -> str | None:
+def unschedulable(pool: LoRAPool, pods: Sequence[EnginePod]) -> str | None:
     """Why the first unschedulable engine pod cannot be placed, and what would place it."""
     for pod in pods:
-        for cond in (pod.get("status") or {}).get("conditions") or []:
-            if (
-                cond.get("type") == "PodScheduled"
-                and cond.get("status") == "False"
-                and cond.get("reason") == "Unschedulable"
-            ):
-                gpu = pool.spec.gpu
-                wanted = ", ".join(GPUS[gpu.product].node_products)
-                return (
-                    f"engine pod {pod['metadata']['name']} cannot be scheduled: {cond.get('message', '')}; it needs "
-                    f"a node labelled nvidia.com/gpu.product in [{wanted}] with {gpu.count} free nvidia.com/gpu: "
-                    "add such nodes or change spec.gpu"
-                )
+        if (message := pod.unschedulable) is not None:
+            gpu = pool.spec.gpu
+            wanted = ", ".join(GPUS[gpu.product].node_products)
+            return (
+                f"engine pod {pod.name} cannot be scheduled: {message}; it needs "
+                f"a node labelled nvidia.com/gpu.product in [{wanted}] with {gpu.count} free nvidia.com/gpu: "
+                "add such nodes or change spec.gpu"
+            )
     return None
 
 
-def _serving(pod: Mapping[str, Any]) -> bool:
-    """A pod the Service routes to: Ready and not terminating."""
-    if (pod.get("metadata") or {}).get("deletionTimestamp"):
-        return False
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
-def presence(identities: Mapping[str, str], pods: Sequence[Mapping[str, Any]]) -> dict[str, Presence]:
+def presence(identities: Mapping[str, str], pods: Sequence[EnginePod]) -> dict[str, Presence]:
     """What the engines hold of each desired adapter, from their sidecars' reports (lorapool.api.report).
 
-    Loaded counts only Ready, non-terminating pods holding the identity the spec asks for now;
-    failures and loads in progress count on every pod that is not terminating.
+    Loaded counts only serving pods (Ready, not terminating) holding the identity the spec asks for
+    now; failures and loads in progress count on every pod that is not terminating.
     """
     loaded = dict.fromkeys(identities, 0)
     loading = dict.fromkeys(identities, 0)
     failures: dict[str, list[str]] = {name: [] for name in identities}
-    for pod in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("name", "")):
-        meta = pod.get("metadata") or {}
-        report = pod_report(pod)
-        if report is None or meta.get("deletionTimestamp"):
+    for pod in sorted(pods, key=lambda p: p.name):
+        report = pod.report
+        if report is None or pod.terminating:
             continue
-        serving = _serving(pod)
         for name, identity in identities.items():
             if report.holds(name, identity):
-                loaded[name] += serving
+                loaded[name] += pod.serving
             elif (why := report.failure(name, identity)) is not None:
-                failures[name].append(f"{meta.get('name', '?')}: {why}")
+                failures[name].append(f"{pod.name or '?'}: {why}")
             elif report.loading(name):
                 loading[name] += 1
     return {n: Presence(loaded[n], loading[n], tuple(failures[n])) for n in identities}
@@ -270,7 +256,7 @@ def observe(
     decision: Decision,
     engine: Mapping[str, Any] | None,
     router: Mapping[str, Any] | None,
-    pods: Sequence[Mapping[str, Any]],
+    pods: Sequence[EnginePod],
 ) -> Observed:
     """What the pool's status is computed from: the decision plus the children as the API server has them."""
     name, namespace = pool.metadata.name, pool.metadata.namespace

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
 from typing import Any, cast
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import Counter
 
+from lorapool.api.clock import rfc3339
 from lorapool.api.models import GROUP, VERSION
 from lorapool.render.names import FIELD_MANAGER
 
@@ -157,7 +158,7 @@ class Kube:
         """Record a core/v1 Event on ``involved`` (a pool or adapter), stamped so `kubectl describe`
         and `kubectl get events` show its age."""
         meta = involved["metadata"]
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = rfc3339(time.time())
         body = {
             "apiVersion": "v1",
             "kind": "Event",

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
+from lorapool.api.clock import unix
 from lorapool.api.models import ALL, AUTO, LoRAPool
-from lorapool.api.report import pod_report
+from lorapool.api.pods import EnginePod, terminating
 from lorapool.api.requests import pod_requests
 from lorapool.api.status import PlacementMode, PlacementStatus
 from lorapool.plan.placement import AdapterLoad, KState, ScalingRule, clip_k, next_k, place
@@ -75,22 +75,8 @@ class PodSlot:
     deletion_cost: str | None = None
 
 
-def pod_slots(pods: Sequence[Mapping[str, Any]]) -> list[PodSlot]:
-    out = []
-    for pod in pods:
-        meta = pod.get("metadata") or {}
-        annotations = meta.get("annotations") or {}
-        raw = str(annotations.get(names.SLOT_ANNOTATION, ""))
-        out.append(
-            PodSlot(
-                name=str(meta.get("name", "")),
-                slot=int(raw) if raw.isdigit() else None,
-                created=str(meta.get("creationTimestamp", "")),
-                terminating=bool(meta.get("deletionTimestamp")),
-                deletion_cost=annotations.get(names.POD_DELETION_COST_ANNOTATION),
-            )
-        )
-    return out
+def pod_slots(pods: Sequence[EnginePod]) -> list[PodSlot]:
+    return [PodSlot(p.name, p.slot, p.created, p.terminating, p.deletion_cost) for p in pods]
 
 
 def assign_slots(pods: Sequence[PodSlot], replicas: int) -> dict[str, int | None]:
@@ -139,7 +125,7 @@ def request_rates(routers: Sequence[Mapping[str, Any]], now: float) -> tuple[dic
     rates: dict[str, float] = {}
     total, seen = 0.0, False
     for pod in routers:
-        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        if terminating(pod):
             continue
         w = pod_requests(pod)
         if w is None or now - w.end > RATE_FRESH_WINDOWS * w.window_s:
@@ -152,7 +138,7 @@ def request_rates(routers: Sequence[Mapping[str, Any]], now: float) -> tuple[dic
 
 
 def observed_load(
-    pods: Sequence[Mapping[str, Any]], routers: Sequence[Mapping[str, Any]] = (), now: float = 0.0
+    pods: Sequence[EnginePod], routers: Sequence[Mapping[str, Any]] = (), now: float = 0.0
 ) -> dict[str, AdapterLoad]:
     """Each adapter's load over the last window, summed over the live pods' reports, with its request
     rate and the pool's from the router pods' fresh windows (``request_rates``; ``now`` in Unix seconds).
@@ -170,10 +156,9 @@ def observed_load(
     until: dict[str, float] = {}
     busy: dict[str, float] = {}
     for pod in pods:
-        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        if pod.terminating:
             continue
-        report = pod_report(pod)
-        obs = report.observations if report else None
+        obs = pod.report.observations if pod.report else None
         if obs is None or obs.window_s <= 0:
             continue
         for name, load in obs.adapters.items():
@@ -197,13 +182,9 @@ def observed_load(
     }
 
 
-def rfc3339(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _epoch(text: str) -> float | None:
     try:
-        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+        return unix(text)
     except ValueError:
         return None
 
@@ -333,14 +314,13 @@ class PoolSignals:
     adapters_unplaced: int
 
 
-def pool_signals(pool: LoRAPool, pods: Sequence[Mapping[str, Any]], placement: Placement | None) -> PoolSignals:
+def pool_signals(pool: LoRAPool, pods: Sequence[EnginePod], placement: Placement | None) -> PoolSignals:
     pressures: list[float] = []
     waiting: set[str] = set()
     for pod in pods:
-        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        if pod.terminating:
             continue
-        report = pod_report(pod)
-        obs = report.observations if report else None
+        obs = pod.report.observations if pod.report else None
         if obs is None:
             continue
         if obs.max_loras:

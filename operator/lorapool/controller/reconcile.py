@@ -14,13 +14,14 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from prometheus_client import Counter, Histogram
 
+from lorapool.api.clock import rfc3339
 from lorapool.api.models import LoRAPool
-from lorapool.api.status import AdapterPhase, LoRAPoolStatus
+from lorapool.api.pods import EnginePod, engine_pods
+from lorapool.api.status import AdapterPhase, LoRAAdapterStatus, LoRAPoolStatus
 from lorapool.controller import decide, signals, sizing
 from lorapool.controller.decide import Decision, Event, Fetched
 from lorapool.controller.kube import Kube
@@ -59,10 +60,6 @@ class Settings:
     render: RenderOptions
     metadata_timeout_s: float = 10.0
     metadata_concurrency: int = 8
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 async def fetch_adapter_metadata(adapter: PoolAdapter, fetch: ConfigFetcher, timeout_s: float) -> Fetched:
@@ -115,29 +112,25 @@ class PoolReconciler:
         return await asyncio.to_thread(fn, *args, **kwargs)
 
     async def reconcile(self, namespace: str, name: str) -> None:
-        """One pass, in steps; each step's name says what it does."""
+        """One pass, in steps; each step's name says what it does. The clock is read once, here:
+        every step of the pass (placement, sizing, the conditions' transition times) sees one ``now``."""
+        now = time.time()
         # 1. load
         body = await self._io(self.kube.get, "LoRAPool", namespace, name)
         if body is None:
-            self.known.discard((namespace, name))
-            self._placed.pop((namespace, name), None)
-            signals.forget(namespace, name)
-            await self._write_orphan_statuses(namespace, name)
+            await self._forget_deleted_pool(namespace, name, now)
             return  # deleted: ownerReferences let the garbage collector remove the children
         pool = decide.read_pool(body)
         if not isinstance(pool, LoRAPool):
-            await self._write_pool_status(body, invalid_spec_status(pool, decide.generation(body)))
+            await self._write_status(body, invalid_spec_status(pool, decide.generation(body)), now)
             return
         # 2. read adapters
         adapter_bodies = await self._io(self.kube.list, "LoRAAdapter", namespace)
         objects = decide.pool_adapters(adapter_bodies, name)
         merged = merge_adapters(pool, objects.valid)
         verdicts = await self._read_adapter_metadata(pool, merged.adapters)
-        # 2b. read engine pods (their slots and their sidecars' load reports) and router pods (their
-        # request counts per adapter): both feed placement. Router pods trigger nothing (app.py watches
-        # engine pods only): their counts are read here, at the next reconcile or the resync.
-        pods = await self._io(self.kube.list, "Pod", namespace, names.selector_string(name, "engine"))
-        routers = await self._io(self.kube.list, "Pod", namespace, names.selector_string(name, "router"))
+        # 2b. read the pods placement reads
+        pods, routers = await self._read_pods(pool)
         # 3. decide (pure)
         decision = decide.decide(
             pool,
@@ -148,7 +141,7 @@ class PoolReconciler:
             pods=pods,
             routers=routers,
             status=body.get("status"),
-            now=time.time(),
+            now=now,
             tuned=sizing.tuned_max_loras(pool, body),
         )
         # 4. apply
@@ -156,9 +149,43 @@ class PoolReconciler:
         await self._assign_slots(pool, pods)
         self._export_signals(pool, pods, decision)
         # 5. observe
-        observed, pods = await self._observe(pool, body, decision)
-        # 6. size (pure): status.recommendation from the sidecars' reports; the opt-in loop's change
-        now = time.time()
+        observed, pods = await self._observe(pool, body, decision, pods)
+        # 6. size (pure), 7. report
+        status, events = self._size(pool, body, decision, observed, pods, now)
+        await self._write_status(body, status, now)
+        await self._post(body, events)
+        if events:  # a change of status.sizing changes the plan: render it now, not at the next resync
+            self._dirty[(namespace, name)] = True
+        await self._write_adapter_statuses(pool, adapter_bodies, observed, now)
+
+    async def _forget_deleted_pool(self, namespace: str, name: str, now: float) -> None:
+        """The pool is gone: drop what this process remembers of it and tell its LoRAAdapters."""
+        self.known.discard((namespace, name))
+        self._placed.pop((namespace, name), None)
+        signals.forget(namespace, name)
+        await self._write_orphan_statuses(namespace, name, now)
+
+    async def _read_pods(self, pool: LoRAPool) -> tuple[tuple[EnginePod, ...], list[dict[str, Any]]]:
+        """The engine pods (their slots and their sidecars' load reports, decoded once here) and the
+        router pods (their request counts per adapter): both feed placement. Router pods trigger
+        nothing (app.py watches engine pods only): their counts are read here, at the next
+        reconcile or the resync."""
+        namespace, name = pool.metadata.namespace, pool.metadata.name
+        pods = await self._io(self.kube.list, "Pod", namespace, names.selector_string(name, "engine"))
+        routers = await self._io(self.kube.list, "Pod", namespace, names.selector_string(name, "router"))
+        return engine_pods(pods), routers
+
+    @staticmethod
+    def _size(
+        pool: LoRAPool,
+        body: Mapping[str, Any],
+        decision: Decision,
+        observed: Observed,
+        pods: Sequence[EnginePod],
+        now: float,
+    ) -> tuple[LoRAPoolStatus, tuple[Event, ...]]:
+        """The pool's status with status.recommendation from the sidecars' reports and the opt-in
+        loop's change (``controller.sizing``), and the Events of that change."""
         sized = sizing.size(
             pool,
             decision.plan,
@@ -170,12 +197,7 @@ class PoolReconciler:
         status = pool_status(observed).model_copy(
             update={"recommendation": sized.recommendation, "sizing": sized.sizing}
         )
-        # 7. report
-        await self._write_pool_status(body, status)
-        await self._post(body, sized.events)
-        if sized.events:  # a change of status.sizing changes the plan: render it now, not at the next resync
-            self._dirty[(namespace, name)] = True
-        await self._write_adapter_statuses(pool, adapter_bodies, observed)
+        return status, sized.events
 
     async def _read_adapter_metadata(self, pool: LoRAPool, adapters: Sequence[PoolAdapter]) -> list[AdapterResult]:
         """Each adapter's verdict from its adapter_config.json, read with bounded concurrency and a timeout."""
@@ -201,7 +223,7 @@ class PoolReconciler:
                     },
                 )
 
-    def _export_signals(self, pool: LoRAPool, pods: Sequence[Mapping[str, Any]], decision: Decision) -> None:
+    def _export_signals(self, pool: LoRAPool, pods: Sequence[EnginePod], decision: Decision) -> None:
         """The pool's autoscaling signals, and the loads a placement change asked for (per scale event)."""
         namespace, name = pool.metadata.namespace, pool.metadata.name
         signals.export(namespace, name, pool_signals(pool, pods, decision.placement))
@@ -213,7 +235,7 @@ class PoolReconciler:
             log.info("Moved adapters", extra={"pool": f"{namespace}/{name}", "loads": loads})
         self._placed[(namespace, name)] = holders
 
-    async def _assign_slots(self, pool: LoRAPool, pods: Sequence[Mapping[str, Any]]) -> None:
+    async def _assign_slots(self, pool: LoRAPool, pods: Sequence[EnginePod]) -> None:
         """Give each engine pod its stable placement slot (and the deletion cost that keeps scale-downs
         at the top slot); written only where a pod's annotations are stale."""
         current = pod_slots(pods)
@@ -229,48 +251,53 @@ class PoolReconciler:
             )
 
     async def _observe(
-        self, pool: LoRAPool, body: Mapping[str, Any], decision: Decision
-    ) -> tuple[Observed, list[dict[str, Any]]]:
+        self, pool: LoRAPool, body: Mapping[str, Any], decision: Decision, earlier: Sequence[EnginePod]
+    ) -> tuple[Observed, tuple[EnginePod, ...]]:
+        """The children as the API server has them after the apply; engine pods unchanged since
+        ``earlier`` (the same resourceVersion) are not decoded again."""
         namespace, name = pool.metadata.namespace, pool.metadata.name
         engine = await self._io(self.kube.get, "Deployment", namespace, names.engine(name))
         router = await self._io(self.kube.get, "Deployment", namespace, names.router(name))
-        pods = await self._io(self.kube.list, "Pod", namespace, names.selector_string(name, "engine"))
+        listed = await self._io(self.kube.list, "Pod", namespace, names.selector_string(name, "engine"))
+        pods = engine_pods(listed, known=earlier)
         return decide.observe(pool, body, decision, engine, router, pods), pods
 
-    async def _write_pool_status(self, body: Mapping[str, Any], status: LoRAPoolStatus) -> None:
-        current = body.get("status") or {}
+    async def _write_status(
+        self, raw: Mapping[str, Any], status: LoRAPoolStatus | LoRAAdapterStatus, now: float
+    ) -> None:
+        """Write a LoRAPool's or LoRAAdapter's status when it changed, its conditions merged into the
+        current ones (a condition keeps its lastTransitionTime until its status changes), and post
+        the Events of the change."""
+        current = raw.get("status") or {}
         stamped = status.model_copy(
-            update={"conditions": merge_conditions(current.get("conditions") or [], status.conditions, _now())}
+            update={"conditions": merge_conditions(current.get("conditions") or [], status.conditions, rfc3339(now))}
         )
         patch = stamped.to_patch()
         if not status_changed(current, patch):
             return
-        meta = body["metadata"]
-        await self._io(self.kube.patch_status, "LoRAPool", meta["namespace"], meta["name"], patch)
-        await self._post(body, decide.pool_events(current, patch))
+        if isinstance(stamped, LoRAPoolStatus):
+            kind, events = "LoRAPool", decide.pool_events(current, patch)
+        else:
+            kind, events = "LoRAAdapter", decide.adapter_events(current, stamped)
+        meta = raw["metadata"]
+        await self._io(self.kube.patch_status, kind, meta["namespace"], meta["name"], patch)
+        await self._post(raw, events)
 
     async def _post(self, involved: Mapping[str, Any], events: Sequence[Event]) -> None:
         for event in events:
             await self._io(self.kube.event, involved, reason=event.reason, message=event.message, type_=event.type)
 
-    async def _write_orphan_statuses(self, namespace: str, name: str) -> None:
+    async def _write_orphan_statuses(self, namespace: str, name: str, now: float) -> None:
         """Say on each LoRAAdapter whose spec.poolRef names this missing pool that it does not exist."""
         for raw in await self._io(self.kube.list, "LoRAAdapter", namespace):
-            if not decide.points_at(raw, name):
-                continue
-            meta, current = raw["metadata"], raw.get("status") or {}
-            verdict = decide.missing_pool(namespace, name, meta["name"])
-            status = adapter_object_status(name, meta.get("generation"), verdict)
-            status = status.model_copy(
-                update={"conditions": merge_conditions(current.get("conditions") or [], status.conditions, _now())}
-            )
-            patch = status.to_patch()
-            if status_changed(current, patch):
-                await self._io(self.kube.patch_status, "LoRAAdapter", namespace, meta["name"], patch)
-                await self._post(raw, decide.adapter_events(current, status))
+            if decide.points_at(raw, name):
+                verdict = decide.missing_pool(namespace, name, raw["metadata"]["name"])
+                await self._write_status(
+                    raw, adapter_object_status(name, raw["metadata"].get("generation"), verdict), now
+                )
 
     async def _write_adapter_statuses(
-        self, pool: LoRAPool, bodies: Sequence[Mapping[str, Any]], observed: Observed
+        self, pool: LoRAPool, bodies: Sequence[Mapping[str, Any]], observed: Observed, now: float
     ) -> None:
         by_name = {r.name: r for r in observed.adapters if r.origin == "LoRAAdapter"}
         for raw in bodies:
@@ -278,7 +305,6 @@ class PoolReconciler:
             r = by_name.get(meta["name"])
             if r is None or not decide.points_at(raw, pool.metadata.name):
                 continue
-            current = raw.get("status") or {}
             presence = observed.of(r.name) if r.phase != AdapterPhase.CONFLICT else NOWHERE
             status = adapter_object_status(
                 pool.metadata.name,
@@ -291,10 +317,4 @@ class PoolReconciler:
                 if observed.placement and r.phase not in (AdapterPhase.FAILED, AdapterPhase.CONFLICT)
                 else None,
             )
-            status = status.model_copy(
-                update={"conditions": merge_conditions(current.get("conditions") or [], status.conditions, _now())}
-            )
-            patch = status.to_patch()
-            if status_changed(current, patch):
-                await self._io(self.kube.patch_status, "LoRAAdapter", meta["namespace"], meta["name"], patch)
-                await self._post(raw, decide.adapter_events(current, status))
+            await self._write_status(raw, status, now)

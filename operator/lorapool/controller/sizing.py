@@ -27,11 +27,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
+from lorapool.api.clock import rfc3339, unix
 from lorapool.api.models import AUTO, LoRAPool, SizingTuning
-from lorapool.api.report import Observations, pod_report
+from lorapool.api.pods import EnginePod
+from lorapool.api.report import Observations
 from lorapool.api.status import RecommendationStatus, SizingStatus
 from lorapool.controller.decide import Event
 from lorapool.plan.planner import Plan
@@ -39,14 +40,6 @@ from lorapool.plan.sizing import MIN_SAMPLES, Action, Evidence, Recommendation, 
 
 MAX_AGE_S = 300.0  # a report's window older than this is not evidence (a stuck sidecar, a dead engine)
 WATCHING, KEPT, ROLLED_BACK = "Watching", "Kept", "RolledBack"
-
-
-def rfc3339(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def unix(text: str) -> float:
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
 
 
 @dataclass(frozen=True)
@@ -61,27 +54,18 @@ class PodWindow:
         return self.observations.end - self.observations.window_s
 
 
-def _serving(pod: Mapping[str, Any]) -> bool:
-    if (pod.get("metadata") or {}).get("deletionTimestamp"):
-        return False
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+def serving_pods(pods: Sequence[EnginePod]) -> int:
+    """The serving (Ready, non-terminating) engine pods: each must have reported before the loop acts."""
+    return sum(1 for pod in pods if pod.serving)
 
 
-def serving_pods(pods: Sequence[Mapping[str, Any]]) -> int:
-    """The Ready, non-terminating engine pods: each must have reported before the loop acts."""
-    return sum(1 for pod in pods if _serving(pod))
-
-
-def pod_windows(pods: Sequence[Mapping[str, Any]], now: float, max_age_s: float = MAX_AGE_S) -> list[PodWindow]:
-    """The fresh windows of Ready, non-terminating engine pods, by pod name."""
+def pod_windows(pods: Sequence[EnginePod], now: float, max_age_s: float = MAX_AGE_S) -> list[PodWindow]:
+    """The fresh windows of serving (Ready, non-terminating) engine pods, by pod name."""
     windows: list[PodWindow] = []
-    for pod in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("name", "")):
-        report = pod_report(pod)
-        if not _serving(pod) or report is None or report.observations is None:
-            continue
-        if report.observations.end >= now - max_age_s:
-            windows.append(PodWindow(pod["metadata"]["name"], report.observations))
+    for pod in sorted(pods, key=lambda p: p.name):
+        obs = pod.report.observations if pod.serving and pod.report is not None else None
+        if obs is not None and obs.end >= now - max_age_s:
+            windows.append(PodWindow(pod.name, obs))
     return windows
 
 

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from lorapool.api.clock import rfc3339
 from lorapool.api.status import (
     AdapterPhase,
     AdapterStatus,
@@ -29,7 +30,7 @@ from lorapool.api.status import (
     PlanStatus,
     condition,
 )
-from lorapool.controller.placement import Placement, rfc3339
+from lorapool.controller.placement import Placement
 
 READY, PROGRESSING, DEGRADED = ConditionType.READY, ConditionType.PROGRESSING, ConditionType.DEGRADED
 ACCEPTED = ConditionType.ACCEPTED

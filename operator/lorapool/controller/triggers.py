@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from lorapool.api.report import ANNOTATION, IN_PROGRESS, SYNCED_CONDITION, ReplicaPhase, pod_report
+from lorapool.api.pods import EnginePod
+from lorapool.api.report import IN_PROGRESS, SYNCED_CONDITION, ReplicaPhase
 
 Mark = tuple[Any, ...]
 
@@ -44,25 +45,21 @@ def _adapter_state(phase: ReplicaPhase, loaded: str | None, id_: str | None, mes
     return ("in-progress" if phase in IN_PROGRESS else str(phase), id_, loaded)
 
 
-def pod_mark(pod: Mapping[str, Any]) -> Mark:
+def pod_mark(pod: EnginePod) -> Mark:
     """What of an engine Pod the reconcile reads: deletion, labels and annotations (the slot), phase,
     conditions (the synced condition without its counting message) and the report's holdings."""
-    meta = pod.get("metadata") or {}
-    status = pod.get("status") or {}
-    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k != ANNOTATION}
     conditions = tuple(
         sorted(
             (
-                str(c.get("type")),
-                str(c.get("status")),
-                str(c.get("reason")),
-                "" if c.get("type") == SYNCED_CONDITION else str(c.get("message") or ""),
+                str(c.type),
+                str(c.status),
+                str(c.reason),
+                "" if c.type == SYNCED_CONDITION else str(c.message or ""),
             )
-            for c in status.get("conditions") or ()
-            if isinstance(c, Mapping)
+            for c in pod.conditions
         )
     )
-    report = pod_report(pod)
+    report = pod.report
     holdings: Mark = ()
     if report is not None:
         holdings = (
@@ -72,13 +69,6 @@ def pod_mark(pod: Mapping[str, Any]) -> Mark:
                 for name, a in sorted(report.adapters.items())
             ),
         )
-    elif meta.get("annotations", {}).get(ANNOTATION):
+    elif pod.report_unreadable:
         holdings = ("unreadable",)
-    return (
-        meta.get("deletionTimestamp"),
-        tuple(sorted((meta.get("labels") or {}).items())),
-        tuple(sorted(annotations.items())),
-        status.get("phase"),
-        conditions,
-        holdings,
-    )
+    return (pod.terminating, pod.labels, pod.annotations, pod.phase, conditions, holdings)

@@ -5,6 +5,9 @@ One module owns names so the renderer, the operator, the router and the tests ag
 
 from __future__ import annotations
 
+from lorapool.api.pods import POD_DELETION_COST_ANNOTATION as POD_DELETION_COST_ANNOTATION
+from lorapool.api.pods import SLOT_ANNOTATION as SLOT_ANNOTATION
+
 ENGINE_PORT = 8000
 SIDECAR_STATUS_PORT = 8081
 ROUTER_PORT = 8000
@@ -16,9 +19,8 @@ ADAPTERS_CONFIG_MOUNT = "/etc/lorapool"
 MODELS_MOUNT = "/models"
 # Placement (docs/placement.md): the operator gives each engine pod a stable slot (0..replicas-1)
 # in this annotation; the sidecar reads it through a downward-API file; the deletion cost makes a
-# scale-down remove the highest slot, so only that slot's adapters move.
-SLOT_ANNOTATION = "lorapool.io/slot"
-POD_DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
+# scale-down remove the highest slot, so only that slot's adapters move. Both keys are defined
+# beside the reader of engine pods (``lorapool.api.pods``) and named here with the rest.
 PODINFO_MOUNT = "/etc/podinfo"
 SLOT_FILE = "slot"
 # Where the sidecar (only) finds its projected ServiceAccount token, as in-cluster clients expect it.

@@ -2,7 +2,7 @@
 
 Shell: a ``kubewatch.ListWatch`` of Pods matching the engines' label selector in the pool's
 namespace (``--report-pods NAMESPACE/SELECTOR``; the operator renders it). Each Pod becomes a
-``reports.PodFacts`` in the watch thread (the annotation is decoded there, once per change);
+``lorapool.api.pods.EnginePod`` in the watch thread (the annotation is decoded there, once per change);
 the router maps backends to pods and folds the reports in (``server``). When the watch keeps
 failing (``FORGET_AFTER_FAILURES``), the reports are dropped until it recovers. RBAC needed:
 get/list/watch on ``pods`` in the namespace.
@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from lorapool.router.core.reports import PodFacts, pod_facts
+from lorapool.api.pods import EnginePod, engine_pod
 from lorapool.router.kubewatch import ListWatch
 
 # After this many failed lists/watches in a row (~3.5 s of backoff), the reports are dropped and
@@ -51,13 +51,13 @@ def _list_pods(api: Any) -> Callable[..., Any]:
 def pod_report_watch(
     namespace: str,
     selector: str,
-    publish: Callable[[dict[str, PodFacts]], None],
+    publish: Callable[[dict[str, EnginePod]], None],
     loop: asyncio.AbstractEventLoop,
     *,
     api_client: Any = None,
-) -> ListWatch[PodFacts]:
-    """A watch of the engine Pods; ``publish`` gets ``{pod name: PodFacts}`` after every change."""
+) -> ListWatch[EnginePod]:
+    """A watch of the engine Pods; ``publish`` gets ``{pod name: EnginePod}`` after every change."""
     return ListWatch(
-        "Pods", _list_pods, namespace, selector, pod_facts, publish, loop,
+        "Pods", _list_pods, namespace, selector, engine_pod, publish, loop,
         api_client=api_client, forget_after_failures=FORGET_AFTER_FAILURES,
     )  # fmt: skip

@@ -19,11 +19,12 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
+from lorapool.api.pods import EnginePod
 from lorapool.podstatus import PodRef, api_server
 from lorapool.render.names import ENGINE_API_KEY_ENV
 from lorapool.router.app import build_app
 from lorapool.router.core import registry
-from lorapool.router.core.reports import PodFacts, backend_reports
+from lorapool.router.core.reports import backend_reports
 from lorapool.router.core.requestcount import RequestCounter
 from lorapool.router.endpointslices import EndpointSliceWatch, parse_target
 from lorapool.router.kubewatch import ListWatch
@@ -90,8 +91,8 @@ class _Discovery:
         self.loop = asyncio.get_running_loop()
         self.background: set[asyncio.Task[None]] = set()
         self.watch: EndpointSliceWatch | None = None
-        self.reports: ListWatch[PodFacts] | None = None
-        self.pods: dict[str, PodFacts] = {}
+        self.reports: ListWatch[EnginePod] | None = None
+        self.pods: dict[str, EnginePod] = {}
         self.static_pods = dict(settings.backend_pods)
 
     def fold_reports(self) -> None:
@@ -101,7 +102,7 @@ class _Discovery:
             backends = (b.id for b in self.scheduler.backends())
             self.scheduler.set_reports(backend_reports(backends, self.pods, pod_of))
 
-    def on_pods(self, facts: dict[str, PodFacts]) -> None:
+    def on_pods(self, facts: dict[str, EnginePod]) -> None:
         self.pods.clear()
         self.pods.update(facts)
         self.fold_reports()

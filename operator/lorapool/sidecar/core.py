@@ -12,12 +12,12 @@ import json
 import random
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
 from pydantic import ValidationError
 
+from lorapool.api import clock
 from lorapool.api.adapterset import AdapterSet, DesiredAdapter
 from lorapool.api.peft import AdapterConfig, same_base_model, vllm_rank_for
 from lorapool.api.report import AdapterReport, ReplicaReport, adapter_identity, short_id
@@ -265,9 +265,7 @@ def _first(exc: Any) -> str:
 
 
 def rfc3339(ts: float | None) -> str | None:
-    if ts is None:
-        return None
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return None if ts is None else clock.rfc3339(ts)
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,10 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from lorapool.api.clock import rfc3339
 from lorapool.errors import AdapterError, SourceError
 from lorapool.sources.base import Downloaded, Limits, SourceOptions
 from lorapool.sources.layout import (
@@ -177,6 +177,6 @@ class Downloader:
             revision=revision,
             resolved_revision=downloaded.resolved_revision,
             digest=digest,
-            fetched_at=datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+            fetched_at=rfc3339(time.time()),
         )
         return origin, config

@@ -2,7 +2,7 @@
 
 Each engine pod's adapter-sync sidecar writes what its engine holds on its own Pod
 (``lorapool.api.report``, docs/status.md). The router watches the pool's engine pods, keeps one
-``PodFacts`` per pod (``pod_facts``), maps each backend URL to its pod (``backend_reports``: by
+``lorapool.api.pods.EnginePod`` per pod (its report decoded once per change), maps each backend URL to its pod (``backend_reports``: by
 the pod name an EndpointSlice's ``targetRef`` or ``--backend-pod`` gives, else by pod IP) and
 decides per request from those reports (``standing``):
 
@@ -17,7 +17,7 @@ decides per request from those reports (``standing``):
   whose sidecars have not written yet): today's behaviour, ``/v1/models`` decides.
 
 A report is a fact about one pod: a pod that is terminating, not Ready, or whose annotation
-does not decode gives none (``usable``).
+does not decode gives none (``EnginePod.usable``).
 """
 
 from __future__ import annotations
@@ -25,40 +25,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
 
-from lorapool.api.report import IN_PROGRESS, ReplicaPhase, ReplicaReport, pod_report
-
-
-@dataclass(frozen=True)
-class PodFacts:
-    """What the router needs of one engine Pod."""
-
-    name: str
-    ip: str | None
-    ready: bool
-    terminating: bool
-    report: ReplicaReport | None
-
-    @property
-    def usable(self) -> ReplicaReport | None:
-        """The report, when it may be trusted: the pod is Ready and not on its way out."""
-        return self.report if self.ready and not self.terminating else None
-
-
-def pod_facts(pod: Mapping[str, Any]) -> PodFacts:
-    """Read a Pod as the API server returns it (camelCase dict)."""
-    meta = pod.get("metadata") or {}
-    status = pod.get("status") or {}
-    conditions = status.get("conditions") or ()
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions if isinstance(c, Mapping))
-    return PodFacts(
-        name=str(meta.get("name") or ""),
-        ip=status.get("podIP") or None,
-        ready=ready,
-        terminating=meta.get("deletionTimestamp") is not None,
-        report=pod_report(pod),
-    )
+from lorapool.api.pods import EnginePod
+from lorapool.api.report import IN_PROGRESS, ReplicaPhase, ReplicaReport
 
 
 def _host(url: str) -> str:
@@ -70,7 +39,7 @@ def _host(url: str) -> str:
 
 
 def backend_reports(
-    backends: Iterable[str], pods: Mapping[str, PodFacts], pod_of: Mapping[str, str]
+    backends: Iterable[str], pods: Mapping[str, EnginePod], pod_of: Mapping[str, str]
 ) -> dict[str, ReplicaReport | None]:
     """Each backend's usable report: its pod by name (``pod_of``: URL -> pod), else by pod IP."""
     by_ip = {p.ip: p for p in pods.values() if p.ip}
