@@ -150,4 +150,10 @@ def test_the_router_writes_each_closed_window_on_its_own_pod(
             total.update(w.counts)
         assert total["sql"] == 3 and total["chat"] == 1 and set(total) <= {"sql", "chat", "code"}, seen
         assert all(w.window_s == WINDOW_S for w in seen.values())
-        assert "Published request counts on Pod again" in router.proc.output()
+        # logged when the router reads the API server's answer, which may come after the watch saw the write
+        wait_until(
+            "the router to log its first write that landed",
+            lambda: "Published request counts on Pod again" in router.proc.output(),
+            timeout_s=10,
+            describe=lambda: router.proc.output()[-2000:],
+        )
