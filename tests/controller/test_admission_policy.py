@@ -130,12 +130,13 @@ def guarded(local_cluster: LocalCluster, operator_env: Path) -> Iterator[Guarded
             operator=operator_env,
         )
         # A policy takes a moment to reach the admission chain: until then the unbound token writes.
+        # Only this policy's refusal says it is there (a 403 of RBAC's would not).
         probe = json.dumps({"metadata": {"annotations": {"lorapool.io/test": "probe"}}})
         last: list[str | None] = [None]
 
         def refuses_unbound() -> bool:
             last[0] = write(guarded.engine_unbound, ns, ENGINE_A, probe)
-            return (last[0] or "").startswith("HTTP 403")
+            return (last[0] or "").startswith("HTTP 403") and f"ValidatingAdmissionPolicy '{policy}'" in (last[0] or "")
 
         wait_until("the policy to refuse an unbound engine token", refuses_unbound, 30, describe=lambda: last[0])
         yield guarded

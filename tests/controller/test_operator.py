@@ -71,6 +71,13 @@ def node_of(cluster: LocalCluster, ns: str, selector: str) -> list[str]:
     return [p["spec"].get("nodeName") for p in pods]
 
 
+def pool_event_reasons(cluster: LocalCluster, ns: str, name: str) -> set[str]:
+    """The reasons of the Events posted on LoRAPool ``name``."""
+    selector = f"involvedObject.kind=LoRAPool,involvedObject.name={name}"
+    out = cluster.kubectl("get", "events", "-n", ns, "--field-selector", selector, "-o", "json").stdout
+    return {e["reason"] for e in json.loads(out)["items"]}
+
+
 def test_pool_reconciles_to_ready_with_children_plan_and_placement(
     local_cluster: LocalCluster, operator: OperatorProcess, ns: str, tmp_path: Path
 ) -> None:
@@ -108,8 +115,13 @@ def test_pool_reconciles_to_ready_with_children_plan_and_placement(
 
     printed = local_cluster.kubectl("get", "lp", "-n", ns).stdout
     assert "llama3-8b" in printed and "True" in printed and BASE in printed
-    events = local_cluster.kubectl("get", "events", "-n", ns, "--field-selector", "involvedObject.kind=LoRAPool").stdout
-    assert "PoolReady" in events and "PlanChanged" in events
+    # The operator posts a status change's Events after it writes the status: wait for them, not for Ready.
+    wait_until(
+        "PoolReady and PlanChanged Events",
+        lambda: {"PoolReady", "PlanChanged"} <= pool_event_reasons(local_cluster, ns, "llama3-8b"),
+        30,
+        describe=lambda: pool_event_reasons(local_cluster, ns, "llama3-8b"),
+    )
     local_cluster.kubectl("wait", "--for=condition=Ready", "lp/llama3-8b", "-n", ns, "--timeout=5s")
 
 

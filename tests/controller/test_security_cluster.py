@@ -32,5 +32,16 @@ def test_operator_applies_the_network_policy_and_keeps_routers_off_gpu_nodes(
     assert policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "engine"
     assert len(policy["spec"]["ingress"]) == 2  # the router, and the scraper namespace
 
-    routers = node_of(local_cluster, ns, "app.kubernetes.io/component=router")
+    # Ready needs one ready router pod, not both: wait for both to be scheduled before reading their nodes.
+    routers = wait_until(
+        "both router pods scheduled",
+        lambda: (
+            (nodes := node_of(local_cluster, ns, "app.kubernetes.io/component=router"))
+            and len(nodes) == 2
+            and all(nodes)
+            and nodes
+        ),
+        60,
+        describe=lambda: node_of(local_cluster, ns, "app.kubernetes.io/component=router"),
+    )
     assert routers == ["cpu-0", "cpu-0"], routers  # the one node without GPUs, though GPU nodes have room

@@ -295,6 +295,10 @@ def test_everything_is_reloaded_after_the_engine_tree_is_killed_and_restarted(
         retry_on=NOT_YET,
         describe=lambda: sidecar.status(),
     )
+    # The engine lists an adapter before the sidecar counts its load (it counts when it sets Loaded,
+    # after the engine answered): each reload is counted once its phase is Loaded again.
+    for name in ("one", "two", "three"):
+        sidecar.wait_phase(name, "Loaded")
     assert {name: engine.text(name) for name in before} == before  # the same adapters, the same answers
     status = sidecar.status()
     assert status["engine"]["healthy"] and status["engine"]["restarts"] > restarts, status

@@ -41,7 +41,7 @@ from .test_router_process import client, post
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(CLUSTER_START_S + 150)]
 
 POOL = "reports"
-MAX_WAIT_S = 3.0
+MAX_WAIT_S = 5.0  # room for a report to reach the router while a request is held, on a busy machine
 RANK_ERROR = "Call to add_lora method failed: Worker failed with error 'LoRA rank 64 is greater than max_lora_rank 16.'"
 IDS = {name: f"{i:016x}" for i, name in enumerate(("sql", "chat", "code", "math"), start=1)}
 
@@ -131,7 +131,7 @@ def test_router_routes_by_the_reports_on_the_pods(
     held_s = time.monotonic() - started
     assert status == 503 and headers["Retry-After"] == "1", raw
     assert "'chat' is loading on 1 replica(s)" in json.loads(raw)["error"]["message"]
-    assert MAX_WAIT_S * 0.9 <= held_s < MAX_WAIT_S + 2
+    assert MAX_WAIT_S * 0.9 <= held_s < MAX_WAIT_S + 5  # held for --max-wait, then answered (never hangs)
 
     # Held again, and e1's sidecar reports it loaded meanwhile: bound at once, answered by e1.
     answer: dict[str, Any] = {}

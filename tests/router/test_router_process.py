@@ -19,7 +19,7 @@ from lorapool.testing.scrape import scrape
 from lorapool.testing.wait import wait_until
 
 from .conftest import BASE, StartRouter, StartSim
-from .test_requests_process import counted_until
+from .test_requests_process import Windows
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -111,12 +111,13 @@ def test_malformed_and_oversized_bodies_are_refused_and_the_router_keeps_serving
 
 def test_all_backends_down_answers_503_at_once(start_router: StartRouter) -> None:
     dead = [f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"]
-    router = start_router(dead, extra=["--connect-timeout", "10"])
+    router = start_router(dead, extra=["--connect-timeout", "60"])
     started = time.monotonic()
     status, headers, raw = post(router, json.dumps({"model": "sql", "prompt": "x"}).encode())
     elapsed = time.monotonic() - started
     assert status == 503 and headers["Retry-After"] == "1", raw
-    assert elapsed < 5.0  # far below the 10 s connect timeout: nothing was waited for
+    # Far below the 60 s connect timeout (a loaded machine may take seconds): nothing was waited for.
+    assert elapsed < 20.0
     with pytest.raises(openai.InternalServerError):
         client(router).completions.create(model="sql", prompt="x", max_tokens=1)
 
@@ -167,10 +168,10 @@ def test_backend_dying_before_the_first_byte_is_retried_elsewhere(
     # A long prompt on a slow clock: each sim sends its stream headers at once and the first
     # token seconds later, so the victim dies after its headers and before anything reached the client.
     first, second = start_sim(time_scale=20), start_sim(time_scale=20)
-    # Windows long enough that a poll cannot miss one: the request is counted once, not per try.
+    # The request is counted once, not per try: its windows are read from before it is sent.
     router = start_router([first, second], extra=["--poll-interval", "30", "--requests-window-s", "5"])
     prompt = " ".join(["word"] * 2000)
-    with ThreadPoolExecutor(1) as pool:
+    with Windows(router) as windows, ThreadPoolExecutor(1) as pool:
         call = pool.submit(
             client(router).completions.with_raw_response.create,
             model="sql", prompt=prompt, max_tokens=2, stream=True, extra_body={"ignore_eos": True},
@@ -180,6 +181,7 @@ def test_backend_dying_before_the_first_byte_is_retried_elsewhere(
         )
         processes[victim].popen.kill()
         resp = call.result(timeout=60)
+        counts = windows.counted_until(time.time())
     survivor = second if victim == first else first
     assert resp.headers["x-lorapool-backend"] == survivor
     assert "".join(c.choices[0].text for c in resp.parse() if c.choices)  # a whole answer, no error event
@@ -187,7 +189,7 @@ def test_backend_dying_before_the_first_byte_is_retried_elsewhere(
     assert metric(page, "lorapool_router_retries_total", reason="dropped") == 1
     assert metric(page, "lorapool_router_backend_up", backend=victim) == 0
     assert metric(page, "lorapool_router_upstream_failures_total") == 0  # nothing was cut short
-    assert counted_until(router, time.time()) == {"sql": 1}
+    assert counts == {"sql": 1}
 
 
 def counted(router: str, name: str, expected: float, **labels: str) -> None:

@@ -121,7 +121,8 @@ def test_add_hot_swap_remove_and_adopt(
             watcher.join(10)
         assert missing == []
         sidecar.wait_phase("sql", "Loaded", revision="v2")
-        assert not Path(old_root).exists()  # the old revision's files are collected after the swap
+        # The old revision's files are collected after the swap (the store's GC follows the Loaded phase).
+        wait_until("the old revision's files collected", lambda: not Path(old_root).exists())
 
         # Remove an adapter: unloaded from the engine, its files and pointer deleted.
         cfg.write(adapter_set([{"name": "sql", "source": url_a2, "revision": "v2", "sha256": sha_a2}]))
@@ -142,7 +143,8 @@ def test_add_hot_swap_remove_and_adopt(
     try:
         again.wait_phase("sql", "Loaded", revision="v2", rank=8)
         assert metric_samples(again.metrics(), "lorapool_sidecar_loads_total") == {}
-        assert "Adopted adapter" in again.proc.output()
+        # logged by the adopting thread just after it sets the phase /status shows
+        wait_until("the adoption logged", lambda: "Adopted adapter" in again.proc.output(), 10)
     finally:
         again.proc.close()
 

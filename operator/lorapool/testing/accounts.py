@@ -13,6 +13,7 @@ from typing import Any
 
 from lorapool.api.models import LoRAPool
 from lorapool.render import manifests
+from lorapool.testing.wait import wait_until
 
 Render = Callable[[LoRAPool], dict[str, Any]]
 RBAC: dict[str, tuple[Render, Render, Render]] = {
@@ -36,15 +37,54 @@ def bare_pool(name: str, namespace: str) -> LoRAPool:
     )
 
 
-def create_accounts(core: Any, rbac: Any, pool: LoRAPool, components: Iterable[str]) -> None:
+def create_accounts(
+    core: Any, rbac: Any, pool: LoRAPool, components: Iterable[str], *, timeout_s: float = 30.0
+) -> None:
     """Create each component's rendered ServiceAccount, Role and RoleBinding (kubernetes' CoreV1Api,
-    RbacAuthorizationV1Api) in the pool's namespace."""
+    RbacAuthorizationV1Api) in the pool's namespace, and return once the API server grants them.
+
+    The API server's authorizer learns of a new RoleBinding from its own watch, a moment after the
+    create returns: until then the account is refused with a 403 that says nothing of the Role. So
+    each rule of each Role is asked of the authorizer (a SubjectAccessReview, as ``kubectl auth
+    can-i`` does) until it is allowed."""
+    from kubernetes import client as k8s
+
     ns = pool.metadata.namespace
+    authz = k8s.AuthorizationV1Api(core.api_client)
+    granted: list[tuple[str, dict[str, Any]]] = []
     for component in components:
         account, role, binding = (_unowned(render(pool)) for render in RBAC[component])
         core.create_namespaced_service_account(ns, account)
         rbac.create_namespaced_role(ns, role)
         rbac.create_namespaced_role_binding(ns, binding)
+        user = f"system:serviceaccount:{ns}:{account['metadata']['name']}"
+        granted += [(user, attributes) for attributes in _rule_attributes(ns, role["rules"])]
+
+    def ungranted() -> list[tuple[str, dict[str, Any]]]:
+        return [
+            (user, attributes)
+            for user, attributes in granted
+            if not authz.create_subject_access_review(
+                {"spec": {"user": user, "resourceAttributes": attributes}}
+            ).status.allowed
+        ]
+
+    wait_until("the RoleBindings in effect", lambda: not ungranted(), timeout_s, describe=ungranted)
+
+
+def _rule_attributes(namespace: str, rules: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One SubjectAccessReview's resourceAttributes per (group, resource, verb) a Role's rules grant."""
+    asked = []
+    for rule in rules:
+        for group in rule.get("apiGroups") or [""]:
+            for resource in rule["resources"]:
+                name, _, subresource = resource.partition("/")
+                for verb in rule["verbs"]:
+                    attributes = {"namespace": namespace, "group": group, "resource": name, "verb": verb}
+                    if subresource:
+                        attributes["subresource"] = subresource
+                    asked.append(attributes)
+    return asked
 
 
 def _unowned(obj: dict[str, Any]) -> dict[str, Any]:
