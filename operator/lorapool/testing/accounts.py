@@ -60,14 +60,15 @@ def create_accounts(
         user = f"system:serviceaccount:{ns}:{account['metadata']['name']}"
         granted += [(user, attributes) for attributes in _rule_attributes(ns, role["rules"])]
 
+    def allowed(user: str, attributes: dict[str, Any]) -> bool:
+        review = k8s.V1SubjectAccessReview(
+            spec=k8s.V1SubjectAccessReviewSpec(user=user, resource_attributes=k8s.V1ResourceAttributes(**attributes))
+        )
+        status = authz.create_subject_access_review(review).status
+        return bool(status is not None and status.allowed)
+
     def ungranted() -> list[tuple[str, dict[str, Any]]]:
-        return [
-            (user, attributes)
-            for user, attributes in granted
-            if not authz.create_subject_access_review(
-                {"spec": {"user": user, "resourceAttributes": attributes}}
-            ).status.allowed
-        ]
+        return [(user, attributes) for user, attributes in granted if not allowed(user, attributes)]
 
     wait_until("the RoleBindings in effect", lambda: not ungranted(), timeout_s, describe=ungranted)
 
