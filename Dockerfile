@@ -20,7 +20,14 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator ./operator
-RUN pip wheel --no-deps --wheel-dir /wheels . \
+# Optional, for machines whose build containers reach no package index: a directory of wheels
+# (this project's dependencies and its build backend, made on the host with `pip wheel`) mounted
+# at this path for the RUN steps (`buildah build --volume DIR:/wheelhouse:ro --build-arg
+# WHEELHOUSE=/wheelhouse`; `lorapool image build` does this). Empty (the default, a plain
+# `docker build`): pip installs from the index.
+ARG WHEELHOUSE=
+RUN if [ -n "$WHEELHOUSE" ]; then export PIP_NO_INDEX=1 PIP_FIND_LINKS="$WHEELHOUSE"; fi \
+ && pip wheel --no-deps --wheel-dir /wheels . \
  && python -m venv /opt/venv \
  && /opt/venv/bin/pip install /wheels/lorapool-*.whl \
  && /opt/venv/bin/pip check

@@ -1,6 +1,6 @@
 # Two commands do everything on a fresh machine:
 #   make run    install, then run the main job (the local playground)
-#   make test   install, lint, build the local control plane and the vLLM CPU engine once (cached in ~/.cache/lorapool), run every test; prints each tier's time against its budget
+#   make test   install, lint, build the local control plane, the vLLM CPU engine and the images once (cached in ~/.cache/lorapool), run every test; prints each tier's time against its budget
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 

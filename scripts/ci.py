@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`make test`'s steps, each timed, ending with the CI budget table (lorapool.testing.tiers).
 
-    python scripts/ci.py                 # lint, control-plane build, engine install, every test
+    python scripts/ci.py                 # lint, control-plane build, engine install, image build, every test
     python scripts/ci.py -- tests/router # the same steps, pytest on a part of the suite
 
 The steps run in order and stop at the first that fails, except pytest, whose tiers are reported
@@ -27,6 +27,7 @@ from lorapool.cluster import build  # noqa: E402
 from lorapool.cluster.runtime import COMPONENTS  # noqa: E402
 from lorapool.cluster.versions import cache_root  # noqa: E402
 from lorapool.engine.install import find_engine  # noqa: E402
+from lorapool.image.build import images_built  # noqa: E402
 from lorapool.testing.tiers import TIERS, TIMES_ENV, Measured, table  # noqa: E402
 
 
@@ -61,6 +62,14 @@ def main(argv: list[str]) -> int:
     measured.append(Measured("engine install", seconds, cold=cold))
     if code:
         return finish(code)
+    if os.geteuid() == 0:  # buildah and containerd need root; tests/image skips without it
+        cold = not images_built()
+        code, seconds = step([sys.executable, "-m", "lorapool.cli", "image", "build"])
+        measured.append(Measured("image build", seconds, cold=cold))
+        if code:
+            return finish(code)
+    else:
+        print("==> lorapool image build: skipped (needs root: buildah, containerd)", flush=True)
     with tempfile.TemporaryDirectory(prefix="lorapool-tiers-") as tmp:
         times = Path(tmp) / "tiers.json"
         env = {**os.environ, TIMES_ENV: str(times)}

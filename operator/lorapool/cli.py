@@ -39,6 +39,7 @@ COMMANDS: dict[str, Command] = {
     "router": Command("lorapool.router.cli", "run the adapter-aware OpenAI router"),
     "cluster": Command("lorapool.cluster.cli", "build and run a local Kubernetes control plane", extra="test"),
     "engine": Command("lorapool.engine.cli", "install and run the real engine (vLLM CPU) with a tiny local model"),
+    "image": Command("lorapool.image.cli", "build the runtime and sim images from the Dockerfile without Docker"),
     "dev": Command("lorapool.dev", "start the local playground: control plane, operator, example pool", extra="test"),
 }
 

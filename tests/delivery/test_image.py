@@ -3,7 +3,6 @@ that .dockerignore admits, and the wheel the build stage makes from exactly that
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
 import re
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import lorapool
+from lorapool.image.recipe import dockerignore_admits
 from tests.delivery.helm import REPO
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
@@ -109,19 +109,6 @@ def test_runtime_runs_the_console_script_as_uid_1000_without_build_tools() -> No
 def test_only_the_sim_target_has_a_vllm_that_runs_the_simulator() -> None:
     assert BY_NAME["sim"].all("COPY") == ["--chmod=0755 e2e/vllm_shim.py /opt/venv/bin/vllm"]
     assert not BY_NAME["runtime"].all("COPY") and not BY_NAME["runtime-base"].all("COPY")[1:]
-
-
-def dockerignore_admits(path: str, patterns: list[str]) -> bool:
-    """Docker's rule: the last pattern matching the path or one of its parents decides."""
-    parts = path.split("/")
-    candidates = ["/".join(parts[: i + 1]) for i in range(len(parts))]
-    admitted = True
-    for pattern in patterns:
-        negated = pattern.startswith("!")
-        glob = pattern.lstrip("!").rstrip("/")
-        if any(fnmatch.fnmatchcase(c, glob) for c in candidates):
-            admitted = negated
-    return admitted
 
 
 def build_context(dest: Path) -> list[str]:

@@ -22,8 +22,19 @@ from lorapool.testing.tiers import BY_NAME, TIMES_ENV, TOTAL_COLD_S, Measured, t
         ("tests/controller/test_operator.py", ["cluster"], "cluster"),
         ("tests/cluster/test_pure.py", [], "unit"),
         ("tests/router/test_plugins.py", ["slow"], "unit"),
+        ("tests/image/test_images.py", ["images"], "images"),
+        ("tests/image/test_recipe.py", [], "unit"),
     ],
-    ids=["e2e by place", "engine", "engine wins over cluster", "cluster", "a cluster dir's pure test", "slow unit"],
+    ids=[
+        "e2e by place",
+        "engine",
+        "engine wins over cluster",
+        "cluster",
+        "a cluster dir's pure test",
+        "slow unit",
+        "images",
+        "the images' pure core",
+    ],
 )
 def test_tier_of(path: str, markers: list[str], tier: str) -> None:
     assert tier_of(path, markers) == tier
@@ -36,7 +47,7 @@ def test_a_tier_over_its_budget_is_named_with_by_how_much() -> None:
     assert over.startswith("OVER BUDGET by 30 s") and "warm budget" in over
     build = BY_NAME["control-plane build"]
     assert verdict(Measured("control-plane build", build.warm_s + 60, cold=True)) == "ok"  # a cold build may take long
-    assert "no budget" in verdict(Measured("images", 1, cold=False))
+    assert "no budget" in verdict(Measured("real node", 1, cold=False))
 
 
 def test_the_table_sums_and_says_cold() -> None:

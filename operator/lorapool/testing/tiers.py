@@ -47,6 +47,8 @@ TIERS = (
     Tier("unit", "tests that need neither a control plane nor the real engine", 480, 480),
     Tier("cluster", "tests against the local control plane (its start included)", 600, 600),
     Tier("engine", "tests against real vLLM (CPU build), the conformance table", 600, 600),
+    Tier("image build", "lorapool image build: base rootfs, wheelhouse, both Dockerfile targets (buildah)", 900, 15),
+    Tier("images", "tests/image: the images imported into containerd and run as a node runs them", 120, 120),
     Tier("e2e", "tests/e2e: the chart, the operator and a pool, as a user installs them", 240, 240),
     Tier("pytest overhead", "collection, interpreter start-up, time between tests", 120, 120),
 )
@@ -56,10 +58,12 @@ TOTAL_WARM_S = 2400.0
 
 
 def tier_of(path: str, markers: Iterable[str]) -> str:
-    """The tier of one test, from its file and markers: e2e by place, then engine, then cluster."""
+    """The tier of one test, from its file and markers: e2e by place, then images, engine, cluster."""
     marks = set(markers)
     if "/tests/e2e/" in f"/{path}" or path.startswith("tests/e2e/"):
         return "e2e"
+    if "images" in marks:
+        return "images"
     if "engine" in marks:
         return "engine"
     if "cluster" in marks:
