@@ -23,9 +23,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "operator"))
 
+from lorapool.cache import cache_root  # noqa: E402
 from lorapool.cluster import build  # noqa: E402
 from lorapool.cluster.runtime import COMPONENTS  # noqa: E402
-from lorapool.cluster.versions import cache_root  # noqa: E402
 from lorapool.engine.install import find_engine  # noqa: E402
 from lorapool.image.build import images_built  # noqa: E402
 from lorapool.testing.tiers import TIERS, TIMES_ENV, Measured, table  # noqa: E402

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from lorapool.cache import cache_root
 from lorapool.cluster import build
 from lorapool.cluster.runtime import COMPONENTS
-from lorapool.cluster.versions import cache_root
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

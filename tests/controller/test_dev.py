@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from lorapool.cache import cache_root
 from lorapool.cluster import build
 from lorapool.cluster.runtime import COMPONENTS
 
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.cluster
 
 @pytest.mark.timeout(420)
 def test_dev_brings_up_a_ready_pool_and_answers_an_adapter_request(tmp_path: Path) -> None:
-    if build.missing(build.cache_root(), COMPONENTS):
+    if build.missing(cache_root(), COMPONENTS):
         pytest.fail("control plane not built; run scripts/build-control-plane")
     result = subprocess.run(
         [sys.executable, "-m", "lorapool.cli", "dev", "--once", "--dir", str(tmp_path / "dev")],

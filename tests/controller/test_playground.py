@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from lorapool.cache import cache_root
 from lorapool.cluster import build
 from lorapool.cluster.runtime import COMPONENTS
 from lorapool.cluster.versions import binary
@@ -67,7 +68,7 @@ def complete(url: str, model: str) -> tuple[int, str]:
 
 @pytest.mark.timeout(480)
 def test_playground_serves_applied_adapters_in_seconds_and_stops_on_sigterm(tmp_path: Path) -> None:
-    if build.missing(build.cache_root(), COMPONENTS):
+    if build.missing(cache_root(), COMPONENTS):
         pytest.fail("control plane not built; run scripts/build-control-plane")
     state = tmp_path / "dev"
     log = (tmp_path / "dev.log").open("wb")

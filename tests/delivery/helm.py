@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from lorapool.cache import cache_root
 from lorapool.cluster import build
 from lorapool.cluster.versions import binary
 
@@ -22,7 +23,7 @@ CHART = REPO / "charts" / "lorapool"
 def helm_binary() -> Path:
     """The cached helm, else one on PATH (machines that run the e2e against their own cluster).
     Skips when there is none, except in CI (CI=true), where `.ci/run` builds it first."""
-    if not build.missing(build.cache_root(), ["helm"]):
+    if not build.missing(cache_root(), ["helm"]):
         return binary("helm")
     if on_path := shutil.which("helm"):
         return Path(on_path)

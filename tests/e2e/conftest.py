@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from lorapool.cache import cache_root
 from lorapool.cluster import LocalCluster, build
 from lorapool.cluster.versions import binary
 
@@ -55,7 +56,7 @@ def _kubectl_for_real_cluster() -> str:
     found = shutil.which("kubectl")
     if found:
         return found
-    if not build.missing(build.cache_root(), ["kubectl"]):
+    if not build.missing(cache_root(), ["kubectl"]):
         return str(binary("kubectl"))
     pytest.fail("LORAPOOL_E2E_KUBECONFIG is set but there is no kubectl on PATH nor a cached one")
 

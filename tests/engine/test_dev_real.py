@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from lorapool.cache import cache_root
 from lorapool.cluster import build
 from lorapool.cluster.runtime import COMPONENTS
 from lorapool.engine.fixtures import engine_or_skip
@@ -43,7 +44,7 @@ def test_tiny_sources_replace_only_what_the_machine_cannot_fetch(tmp_path: Path)
 @pytest.mark.timeout(600)
 def test_dev_engine_vllm_answers_an_adapter_request_from_real_vllm(tmp_path: Path) -> None:
     engine_or_skip()
-    if build.missing(build.cache_root(), COMPONENTS):
+    if build.missing(cache_root(), COMPONENTS):
         pytest.fail("control plane not built; run scripts/build-control-plane")
     proc = subprocess.Popen(
         [sys.executable, "-m", "lorapool.cli", "dev", "--engine", "vllm", "--once", "--dir", str(tmp_path / "dev")],

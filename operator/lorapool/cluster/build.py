@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import json
 import os
 import re
@@ -43,11 +42,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from lorapool.api.clock import rfc3339
-from lorapool.cluster.versions import COMPONENTS, Component, bin_dir, cache_root
+from lorapool.cache import cache_root, exclusive
+from lorapool.cluster.versions import COMPONENTS, Component, bin_dir
 
 STAMP = "BUILD.json"
 
@@ -68,26 +68,11 @@ def missing(root: Path, names: Sequence[str] | None = None) -> list[Component]:
     return [c for c in wanted if not is_built(c, root)]
 
 
-@contextlib.contextmanager
-def build_lock(root: Path) -> Iterator[None]:
-    """Hold an exclusive flock; two builds at once would only compete for 2 cores and RAM."""
-    path = root / "bin" / ".build.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            log(f"Waiting for another build to finish holder={handle.read().strip() or '?'}")
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid={os.getpid()}\n")
-        handle.flush()
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+def build_lock(root: Path) -> contextlib.AbstractContextManager[None]:
+    """Two builds at once would only compete for 2 cores and RAM: the second waits."""
+    return exclusive(
+        root / "bin" / ".build.lock", lambda holder: log(f"Waiting for another build to finish holder={holder}")
+    )
 
 
 def go_env() -> dict[str, str]:

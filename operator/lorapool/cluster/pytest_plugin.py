@@ -13,9 +13,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from lorapool.cache import cache_root
 from lorapool.cluster import build
 from lorapool.cluster.runtime import COMPONENTS, LocalCluster
-from lorapool.cluster.versions import cache_root
 
 # Budget for starting the session cluster (it takes ~12 s on an idle 2-core machine). The first
 # test using `local_cluster` pays it inside its own pytest-timeout, so add it to that timeout.

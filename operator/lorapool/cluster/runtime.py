@@ -30,9 +30,10 @@ from typing import Any, Self
 
 import yaml
 
+from lorapool.cache import cache_root
 from lorapool.cluster import build, manifests, pki
 from lorapool.cluster.manifests import DEFAULT_NODES, FakeNode, Layout, Ports
-from lorapool.cluster.versions import binary, cache_root
+from lorapool.cluster.versions import binary
 from lorapool.testing.processes import free_ports
 from lorapool.testing.wait import WaitTimeout, wait_until
 

@@ -7,9 +7,10 @@ directory; old directories are left alone so that switching back is free.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from lorapool.cache import cache_root
 
 ETCD_VERSION = "v3.6.16"
 # 1.36.3 is the newest patch of a minor whose go.mod says `go 1.26.0`, so the machine's
@@ -96,11 +97,6 @@ COMPONENTS: tuple[Component, ...] = (
 )
 
 BY_NAME: dict[str, Component] = {c.name: c for c in COMPONENTS}
-
-
-def cache_root() -> Path:
-    """`$LORAPOOL_CACHE` or `~/.cache/lorapool`: outside the repo so clones share one build."""
-    return Path(os.environ.get("LORAPOOL_CACHE") or Path.home() / ".cache" / "lorapool")
 
 
 def bin_dir(component: Component, root: Path | None = None) -> Path:

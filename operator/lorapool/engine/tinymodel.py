@@ -32,7 +32,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import lorapool
-from lorapool.engine.install import EngineInstall, cache_root, require_engine
+from lorapool.cache import cache_root
+from lorapool.engine.install import EngineInstall, require_engine
 from lorapool.testing.peft import normal_f32, safetensors_bytes, write_peft_adapter
 
 BUILD_VERSION = 2  # bump when the files written change, so caches rebuild (2: bfloat16 weights)

@@ -19,7 +19,6 @@ Measured on the 2-core machine: see CONTRIBUTING.md ("Images").
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import platform
@@ -28,11 +27,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import lorapool
-from lorapool.engine.install import cache_root
+from lorapool.cache import cache_root, exclusive
 from lorapool.image.recipe import BaseSpec, BuildPlan, Image, buildah_build_argv, context_files, plan_build
 from lorapool.image.recipe import wheelhouse_requirements as requirements_of
 
@@ -260,12 +259,5 @@ def _run(argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> str:
     return result.stdout
 
 
-@contextlib.contextmanager
-def _lock(path: Path, say: Log) -> Iterator[None]:
-    with path.open("a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            say(f"Waiting for another image build lock={path}")
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
+def _lock(path: Path, say: Log) -> contextlib.AbstractContextManager[None]:
+    return exclusive(path, lambda holder: say(f"Waiting for another image build lock={path} holder={holder}"))
