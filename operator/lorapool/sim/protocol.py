@@ -314,6 +314,22 @@ def chat_choice(index: int, text: str, finish: str) -> dict[str, Any]:
     }
 
 
+def _answer(
+    kind: str, rid: str, created: int, model: str, choices: list[dict[str, Any]], used: dict[str, Any]
+) -> dict[str, Any]:
+    """The keys vLLM 0.32 sends around the choices of a non-streamed answer, in its order."""
+    return {
+        "id": rid,
+        "object": kind,
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "service_tier": None,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+        "usage": used,
+    }
+
+
 def completion(
     rid: str,
     created: int,
@@ -325,15 +341,9 @@ def completion(
     choices: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """A /v1/completions answer (vLLM 0.32's keys); ``choices`` replaces the single one for n > 1."""
+    picked = choices if choices is not None else [completion_choice(0, text, finish)]
     return {
-        "id": rid,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": choices if choices is not None else [completion_choice(0, text, finish)],
-        "service_tier": None,
-        "system_fingerprint": SYSTEM_FINGERPRINT,
-        "usage": used,
+        **_answer("text_completion", rid, created, model, picked, used),
         "kv_transfer_params": None,
         "ec_transfer_params": None,
         "metrics": None,
@@ -351,15 +361,9 @@ def chat_completion(
     choices: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """A /v1/chat/completions answer (vLLM 0.32's keys)."""
+    picked = choices if choices is not None else [chat_choice(0, text, finish)]
     return {
-        "id": rid,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": choices if choices is not None else [chat_choice(0, text, finish)],
-        "service_tier": None,
-        "system_fingerprint": SYSTEM_FINGERPRINT,
-        "usage": used,
+        **_answer("chat.completion", rid, created, model, picked, used),
         "prompt_logprobs": None,
         "prompt_token_ids": None,
         "prompt_text": None,
