@@ -1,15 +1,16 @@
-"""The sidecar's decisions, free of I/O: desired vs actual -> actions, backoff, checks, status.
+"""The sidecar's decisions, free of I/O: desired vs actual -> actions, checks, config, status, report.
 
 ``diff`` is level-based: it looks at the whole desired set, what the engine lists in
 ``/v1/models`` and what the sidecar remembers, and returns every action needed now.
 The shell (``agent.py``) runs the actions and feeds the results back into ``state``.
-Pure: no asyncio, no HTTP, no clock (``now`` is passed in), no global RNG.
+Pure: no asyncio, no HTTP, no clock (``now`` is passed in), no global RNG. Its siblings,
+one concept each and as pure: ``retry`` (failures, backoff and their messages), ``drain``
+(adapters placement moved away), ``health`` (engine health and restarts), ``observations``.
 """
 
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -20,8 +21,17 @@ from pydantic import ValidationError
 from lorapool.api import clock
 from lorapool.api.adapterset import AdapterSet, DesiredAdapter
 from lorapool.api.peft import AdapterConfig, same_base_model, vllm_rank_for
-from lorapool.api.report import AdapterReport, ReplicaReport, adapter_identity, short_id
+from lorapool.api.report import (
+    ANNOTATION,
+    SYNCED_CONDITION,
+    AdapterReport,
+    ReplicaReport,
+    adapter_identity,
+    encode,
+    short_id,
+)
 from lorapool.api.report import ReplicaPhase as Phase
+from lorapool.api.status import Condition, ConditionStatus
 
 
 class Reason(StrEnum):
@@ -138,31 +148,33 @@ def diff(
     return actions
 
 
-def lost_adapters(actual: Mapping[str, str], state: Mapping[str, AdapterState]) -> list[str]:
-    """Adapters we loaded that the engine no longer lists: the engine restarted under us."""
-    return sorted(n for n, st in state.items() if st.loaded is not None and not st.busy and n not in actual)
+def loaded_state(action: Load, identity: str, path: str, rank: int, *, source: str | None, now: float) -> AdapterState:
+    """An adapter's state once the engine loaded ``action``'s adapter from ``path`` (still busy: its
+    action's task clears that when it ends); ``source`` is shown redacted."""
+    return AdapterState(
+        action.name,
+        Phase.LOADED,
+        source,
+        action.adapter.revision,
+        loaded=identity,
+        loaded_path=path,
+        busy=True,
+        rank=rank,
+        loaded_at=now,
+    )
 
 
-def backoff_s(attempts: int, rng: random.Random, *, base_s: float = 1.0, cap_s: float = 300.0) -> float:
-    """Exponential backoff with full jitter: uniform in [0, min(cap, base * 2^(attempts-1))]."""
-    ceiling = min(cap_s, base_s * 2 ** max(0, min(attempts - 1, 30)))
-    return rng.uniform(0.0, ceiling)
-
-
-def retry_delay_s(
-    attempts: int, rng: random.Random, *, transient: bool, base_s: float = 1.0, cap_s: float = 300.0
+def next_wake_s(
+    state: Mapping[str, AdapterState], draining: Mapping[str, float], now: float, *, resync_s: float
 ) -> float:
-    """How long a failed adapter waits before the same desired entry is tried again.
-
-    Transient failures (a source or the engine unreachable, a 5xx, a timeout) back off
-    exponentially with full jitter. Permanent ones (a missing object, a refused adapter, a bad
-    checksum) will not heal by retrying: they wait near the cap (jittered in [cap/2, cap] so
-    pods do not retry in step). A change of the desired entry retries at once either way,
-    because ``diff`` only waits while the failed identity is still the one desired.
-    """
-    if transient:
-        return backoff_s(attempts, rng, base_s=base_s, cap_s=cap_s)
-    return rng.uniform(cap_s / 2, cap_s)
+    """Seconds until the next reconcile: the first retry or drain due, at most ``resync_s``, at least 50 ms."""
+    wake = resync_s
+    for st in state.values():
+        if st.next_retry_at is not None and not st.busy:
+            wake = min(wake, st.next_retry_at - now)
+    for until in draining.values():
+        wake = min(wake, until - now)
+    return max(wake, 0.05)
 
 
 @dataclass(frozen=True)
@@ -235,17 +247,6 @@ def parse_config(text: bytes, *, path: str) -> ParsedConfig:
         seen.add(adapter.name)
         good.append(adapter)
     return ParsedConfig(base.model_copy(update={"adapters": tuple(good)}), rejected)
-
-
-def moved_away(before: AdapterSet | None, share: AdapterSet, listed: AdapterSet) -> set[str]:
-    """Adapters this replica held in its last share that placement now gives to other replicas only
-    (still in the pool, no longer in the share): drained before they are unloaded. A removed adapter
-    is not moved: it goes at once, as before placement."""
-    if before is None:
-        return set()
-    kept = {a.name for a in share.adapters}
-    pool = {a.name for a in listed.adapters}
-    return {a.name for a in before.adapters if a.name not in kept and a.name in pool}
 
 
 def parse_slot(text: str | None) -> int | None:
@@ -404,6 +405,57 @@ def synced_condition(latched: bool, desired: Collection[str], state: Mapping[str
     if not latched:
         return Synced(False, "Syncing", message)
     return Synced(True, "SyncedWithFailures" if counts[Phase.FAILED] else "Synced", message)
+
+
+def synced_pod_condition(synced: Synced, previous: Condition | None, now: str) -> Condition:
+    """``synced`` as the pod condition ``SYNCED_CONDITION``, in the operator's condition model
+    (``lorapool.api.status.Condition``); ``lastTransitionTime`` is carried over from ``previous``
+    while the status stays the same, and is ``now`` (RFC 3339) when it changes, as the operator's
+    ``merge_conditions`` does for its own conditions."""
+    status = (ConditionStatus.TRUE if synced.status else ConditionStatus.FALSE).value
+    stamp = previous.last_transition_time if previous is not None and previous.status == status else None
+    return Condition(
+        type=SYNCED_CONDITION,
+        status=status,
+        reason=synced.reason,
+        message=synced.message,
+        last_transition_time=stamp or now,
+    )
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """The readiness latch (set by the first sync, cleared by an engine restart) and the condition last built."""
+
+    latched: bool = False
+    shown: Condition | None = None
+
+    def restarted(self) -> Readiness:
+        """The engine restarted: readiness is earned again once everything is held again."""
+        return replace(self, latched=False)
+
+
+def next_readiness(
+    before: Readiness,
+    desired: Collection[str],
+    state: Mapping[str, AdapterState],
+    *,
+    engine_healthy: bool,
+    config_read: bool,
+    now: float,
+) -> tuple[Readiness, Condition]:
+    """The latch, and the pod condition for the report built at ``now``."""
+    latched = before.latched or first_sync_done(desired, state, engine_healthy=engine_healthy, config_read=config_read)
+    condition = synced_pod_condition(synced_condition(latched, desired, state), before.shown, clock.rfc3339(now))
+    return Readiness(latched, condition), condition
+
+
+def pod_patch(report: ReplicaReport, condition: Condition) -> dict[str, Any]:
+    """The strategic-merge patch of the Pod's status: the report annotation and the readiness condition."""
+    return {
+        "metadata": {"annotations": {ANNOTATION: encode(report)}},
+        "status": {"conditions": [condition.to_wire()]},
+    }
 
 
 @dataclass(frozen=True)
