@@ -19,13 +19,11 @@ from lorapool.api.report import (
     short_id,
 )
 from lorapool.api.status import Condition
-from lorapool.sidecar.core import (
-    AdapterState,
+from lorapool.sidecar.core import AdapterState, Phase, identity_of
+from lorapool.sidecar.podreport import (
     Pacer,
-    Phase,
     Readiness,
     first_sync_done,
-    identity_of,
     next_readiness,
     pod_patch,
     replica_report,

@@ -10,6 +10,7 @@ import pytest
 
 from lorapool.api.adapterset import AdapterSet, DesiredAdapter
 from lorapool.api.peft import parse_adapter_config
+from lorapool.sidecar.config import parse_config
 from lorapool.sidecar.core import (
     UNLOAD,
     AdapterState,
@@ -25,7 +26,6 @@ from lorapool.sidecar.core import (
     identity_of,
     loaded_state,
     next_wake_s,
-    parse_config,
     status_document,
 )
 from lorapool.sidecar.health import lost_adapters

@@ -1,10 +1,11 @@
 """The adapter-sync sidecar's shell: watches the config and the engine, runs the actions
 ``core.diff`` decides, and serves /status, /healthz and /metrics (``http``).
 
-It does the I/O (calls the engine, downloads, writes the Pod, sleeps) and carries out what the
-pure modules decide: ``core`` (actions, checks, status, the report and its Pod condition),
-``retry`` (what a failure leaves behind and when it is retried), ``drain`` (adapters placement
-moved away) and ``health`` (engine health and restarts).
+It does the I/O (calls the engine, downloads, reads the files, writes the Pod, sleeps) and
+carries out what the pure modules decide: ``core`` (actions, the pool's checks, /status),
+``config`` (what a re-read of the config applies or refuses), ``retry`` (what a failure leaves
+behind and when it is retried), ``drain`` (adapters placement moved away), ``health`` (engine
+health and restarts) and ``podreport`` (the report on the Pod and its readiness condition).
 
 One asyncio task per adapter action, so one slow or failing adapter never blocks the
 others; downloads share a semaphore. Every outside call (engine, sources) has a timeout.
@@ -34,24 +35,19 @@ from lorapool.api.report import ReplicaPhase as Phase
 from lorapool.errors import AdapterError, SourceError, UnsafePathError
 from lorapool.podstatus import PodRef, api_server
 from lorapool.render.names import ENGINE_API_KEY_ENV
+from lorapool.sidecar.config import ConfigFile, parse_config, parse_slot
 from lorapool.sidecar.core import (
     UNLOAD,
     AdapterState,
     ConfigView,
     EngineView,
     Load,
-    Readiness,
     Unload,
     check_adapter,
     diff,
     identity_of,
     loaded_state,
-    next_readiness,
     next_wake_s,
-    parse_config,
-    parse_slot,
-    pod_patch,
-    replica_report,
     status_document,
     summarize,
 )
@@ -60,6 +56,7 @@ from lorapool.sidecar.engine import EngineClient, EngineError
 from lorapool.sidecar.health import EngineHealth, HealthEvent, detect_restart, observe_health, stalled
 from lorapool.sidecar.http import start_http
 from lorapool.sidecar.metrics import SidecarMetrics
+from lorapool.sidecar.podreport import Readiness, next_readiness, pod_patch, replica_report
 from lorapool.sidecar.reporter import Observer, Reporter
 from lorapool.sidecar.retry import Backoff, Failure, about, after_failure, after_unload, internal_failure
 from lorapool.sources import AdapterStore, ChecksumMismatch, Downloader, Fetched, Limits, SourceOptions, redact_url
@@ -160,13 +157,11 @@ class Agent:
         self.rejected: dict[str, str] = {}
         self.slot: int | None = None  # this replica's placement slot, None until the operator assigns one
         self.draining: dict[str, float] = {}  # adapter moved to other replicas -> when it may be unloaded
-        self.config_error: str | None = None
+        self.config_file = ConfigFile()  # what was applied or refused, and why
         self.config_loaded_at: float | None = None
         self.health = EngineHealth()
         self.restarts = 0
         self.backoff = Backoff(base_s=settings.backoff_base_s, cap_s=settings.backoff_cap_s)
-        self._config_bytes: bytes | None = None
-        self._bad_config_bytes: bytes | None = None
         self._adopted = False
         self._heartbeat = time.monotonic()
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -268,7 +263,7 @@ class Agent:
     def status(self) -> dict[str, Any]:
         document = status_document(
             EngineView(self.settings.engine_url, self.engine_healthy, self.restarts),
-            ConfigView(str(self.settings.config_path), self.config_error, self.config_loaded_at),
+            ConfigView(str(self.settings.config_path), self.config_file.error, self.config_loaded_at),
             self.pool,
             self.state,
             self.rejected,
@@ -304,7 +299,7 @@ class Agent:
         if slot != self.slot:
             log.info("Placement slot changed", extra={"kv": {"from": self.slot, "to": slot}})
             self.slot = slot
-            self._config_bytes = self._bad_config_bytes = None  # the share depends on the slot: re-apply
+            self.config_file = self.config_file.forget()  # the share depends on the slot: re-apply
         try:
             raw = path.read_bytes()
         except OSError as exc:
@@ -312,11 +307,8 @@ class Agent:
                 None, f"config {path}: cannot read it ({exc.strerror or exc}); check the ConfigMap mount"
             )
             return
-        if raw == self._config_bytes:
-            if self.config_error is not None and self._bad_config_bytes is None:
-                self.config_error = None  # the file is readable again and unchanged since it was good
-            return
-        if raw == self._bad_config_bytes:
+        self.config_file, new = self.config_file.read(raw)
+        if not new:
             return
         try:
             parsed = parse_config(raw, path=str(path))
@@ -328,8 +320,7 @@ class Agent:
             self.draining, self.pool, share, parsed.adapters, now=self.clock(), drain_s=self.settings.drain_s
         )
         self.pool, self.rejected = share, dict(parsed.rejected)
-        self._config_bytes, self._bad_config_bytes = raw, None
-        self.config_error = None
+        self.config_file = self.config_file.apply(raw)
         self.config_loaded_at = self.clock()
         log.info(
             "Loaded config",
@@ -357,13 +348,11 @@ class Agent:
             return None
 
     def _config_failed(self, raw: bytes | None, message: str) -> None:
-        kept = len(self.pool.adapters) if self.pool else 0
-        message = f"{message}; keeping the last good set of {kept} adapters" if self.pool else message
-        if message != self.config_error:
-            log.warning("Refused config", extra={"kv": {"error": message}})
+        before = self.config_file
+        self.config_file = before.refuse(raw, message, kept=len(self.pool.adapters) if self.pool else None)
+        if self.config_file.error != before.error:
+            log.warning("Refused config", extra={"kv": {"error": self.config_file.error}})
             self.metrics.config_errors.inc()
-        self.config_error = message
-        self._bad_config_bytes = raw
 
     async def _watch_config(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -371,7 +360,7 @@ class Agent:
                 await asyncio.wait_for(self._reload_config.wait(), self.settings.config_poll_s)
             if self._reload_config.is_set():
                 self._reload_config.clear()
-                self._config_bytes = self._bad_config_bytes = None  # SIGHUP forces a full re-apply
+                self.config_file = self.config_file.forget()  # SIGHUP forces a full re-apply
             self.read_config()
 
     # ---- engine ------------------------------------------------------------------------
