@@ -34,7 +34,8 @@ from lorapool.api.report import ANNOTATION, SYNCED_CONDITION, Observations, enco
 from lorapool.cluster import LocalCluster
 from lorapool.podstatus import PodRef, api_server
 from lorapool.render import names
-from lorapool.sidecar.core import AdapterState, Phase, identity_of, replica_report, synced_condition
+from lorapool.sidecar.core import AdapterState, Phase, identity_of
+from lorapool.sidecar.podreport import replica_report, synced_condition
 from lorapool.sidecar.reporter import Reporter
 from lorapool.testing.wait import wait_until
 from tests.controller.conftest import OperatorProcess

@@ -23,7 +23,8 @@ from lorapool.api.adapterset import DesiredAdapter
 from lorapool.api.report import ANNOTATION, SYNCED_CONDITION, encode
 from lorapool.cluster import LocalCluster
 from lorapool.podstatus import PodRef, api_server
-from lorapool.sidecar.core import AdapterState, Phase, identity_of, replica_report, synced_condition
+from lorapool.sidecar.core import AdapterState, Phase, identity_of
+from lorapool.sidecar.podreport import replica_report, synced_condition
 from lorapool.sidecar.reporter import Reporter
 from lorapool.testing.wait import wait_until
 

@@ -19,7 +19,7 @@ from sidecar_procs import NOT_YET, ConfigMapDir, Sidecar, adapter_set, engine_ad
 
 from lorapool.api.adapterset import AdapterSet
 from lorapool.plan.placement import place, shares
-from lorapool.sidecar.core import parse_slot
+from lorapool.sidecar.config import parse_slot
 from lorapool.testing.peft import write_peft_adapter
 from lorapool.testing.processes import free_port
 from lorapool.testing.wait import wait_until

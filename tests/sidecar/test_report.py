@@ -7,7 +7,9 @@ import pytest
 
 from lorapool.api.adapterset import DesiredAdapter
 from lorapool.api.report import (
+    ANNOTATION,
     MAX_DOCUMENT_BYTES,
+    SYNCED_CONDITION,
     AdapterReport,
     ReplicaPhase,
     ReplicaReport,
@@ -16,12 +18,14 @@ from lorapool.api.report import (
     pod_report,
     short_id,
 )
-from lorapool.sidecar.core import (
-    AdapterState,
+from lorapool.api.status import Condition
+from lorapool.sidecar.core import AdapterState, Phase, identity_of
+from lorapool.sidecar.podreport import (
     Pacer,
-    Phase,
+    Readiness,
     first_sync_done,
-    identity_of,
+    next_readiness,
+    pod_patch,
     replica_report,
     synced_condition,
 )
@@ -156,3 +160,72 @@ def test_the_same_state_gives_the_same_patch_so_an_idle_sidecar_writes_nothing()
     two = encode(replica_report({"a": A}, later, {}, engine_healthy=True))
     assert one == two
     assert ReplicaPhase.LOADED == Phase.LOADED  # one vocabulary for the sidecar and the report
+
+
+T0, T1, T2 = 0.0, 60.0, 120.0  # 1970-01-01T00:00:00Z, 00:01:00Z, 00:02:00Z
+LOADING = {"a": AdapterState("a", Phase.DOWNLOADING)}
+HELD = {"a": AdapterState("a", Phase.LOADED)}
+
+READINESS = {
+    # id: [(state, engine healthy, restarted before this build, now)] -> [(status, reason, lastTransitionTime)]
+    "syncing-then-synced": (
+        [(LOADING, True, False, T0), (HELD, True, False, T1), (HELD, True, False, T2)],
+        [
+            ("False", "Syncing", "1970-01-01T00:00:00Z"),
+            ("True", "Synced", "1970-01-01T00:01:00Z"),
+            ("True", "Synced", "1970-01-01T00:01:00Z"),  # unchanged status: the time stays
+        ],
+    ),
+    "latched-stays-true-while-a-new-revision-loads": (
+        [(HELD, True, False, T0), (LOADING, True, False, T1)],
+        [("True", "Synced", "1970-01-01T00:00:00Z"), ("True", "Synced", "1970-01-01T00:00:00Z")],
+    ),
+    "a-restart-earns-it-again": (
+        [(HELD, True, False, T0), (LOADING, True, True, T1), (HELD, True, False, T2)],
+        [
+            ("True", "Synced", "1970-01-01T00:00:00Z"),
+            ("False", "Syncing", "1970-01-01T00:01:00Z"),
+            ("True", "Synced", "1970-01-01T00:02:00Z"),
+        ],
+    ),
+    "an-unhealthy-engine-does-not-latch": (
+        [(HELD, False, False, T0), (HELD, True, False, T1)],
+        [("False", "Syncing", "1970-01-01T00:00:00Z"), ("True", "Synced", "1970-01-01T00:01:00Z")],
+    ),
+}
+
+
+@pytest.mark.parametrize(("builds", "expected"), list(READINESS.values()), ids=list(READINESS))
+def test_the_synced_condition_stamps_its_transitions(
+    builds: list[tuple[dict[str, AdapterState], bool, bool, float]], expected: list[tuple[str, str, str]]
+) -> None:
+    readiness, seen = Readiness(), []
+    for state, healthy, restarted, now in builds:
+        if restarted:
+            readiness = readiness.restarted()
+        readiness, condition = next_readiness(
+            readiness, {"a"}, state, engine_healthy=healthy, config_read=True, now=now
+        )
+        assert condition.type == SYNCED_CONDITION and readiness.shown == condition
+        seen.append((condition.status, condition.reason, condition.last_transition_time))
+    assert seen == expected
+
+
+def test_the_pod_patch_carries_the_report_and_the_condition_in_the_operators_model() -> None:
+    report = replica_report({"a": A}, HELD, {}, engine_healthy=True)
+    _, condition = next_readiness(Readiness(), {"a"}, HELD, engine_healthy=True, config_read=True, now=T1)
+    assert isinstance(condition, Condition)
+    assert pod_patch(report, condition) == {
+        "metadata": {"annotations": {ANNOTATION: encode(report)}},
+        "status": {
+            "conditions": [
+                {
+                    "type": SYNCED_CONDITION,
+                    "status": "True",
+                    "reason": "Synced",
+                    "message": "1 loaded, 0 failed, 0 in progress of 1",
+                    "lastTransitionTime": "1970-01-01T00:01:00Z",
+                }
+            ]
+        },
+    }

@@ -10,6 +10,7 @@ import pytest
 
 from lorapool.api.adapterset import AdapterSet, DesiredAdapter
 from lorapool.api.peft import parse_adapter_config
+from lorapool.sidecar.config import parse_config
 from lorapool.sidecar.core import (
     UNLOAD,
     AdapterState,
@@ -20,15 +21,15 @@ from lorapool.sidecar.core import (
     Reason,
     Unload,
     Wait,
-    backoff_s,
     check_adapter,
     diff,
     identity_of,
-    lost_adapters,
-    parse_config,
-    retry_delay_s,
+    loaded_state,
+    next_wake_s,
     status_document,
 )
+from lorapool.sidecar.health import lost_adapters
+from lorapool.sidecar.retry import backoff_s, retry_delay_s
 
 A = DesiredAdapter(name="a", source="https://h/a.tgz")
 A2 = DesiredAdapter(name="a", source="https://h/a.tgz", revision="v2")
@@ -169,6 +170,28 @@ def test_lost_adapters_are_the_loaded_ones_the_engine_no_longer_lists() -> None:
     state = {"a": loaded(A), "b": AdapterState("b", Phase.FAILED), "c": loaded(B, busy=True)}
     assert lost_adapters({}, state) == ["a"]
     assert lost_adapters({"a": "/x"}, state) == []
+
+
+WAKES = {
+    # id: (state, draining) -> seconds until the next reconcile, resync 30 s, now NOW
+    "idle-resyncs": ({}, {}, 30.0),
+    "a-retry-due-first": ({"a": AdapterState("a", Phase.FAILED, next_retry_at=NOW + 5)}, {}, 5.0),
+    "a-busy-adapter-is-not-waited-for": ({"a": AdapterState("a", busy=True, next_retry_at=NOW + 5)}, {}, 30.0),
+    "a-drain-due-first": ({"a": AdapterState("a", next_retry_at=NOW + 9)}, {"b": NOW + 2}, 2.0),
+    "overdue-waits-50ms": ({"a": AdapterState("a", next_retry_at=NOW - 9)}, {}, 0.05),
+}
+
+
+@pytest.mark.parametrize(("state", "draining", "wake"), list(WAKES.values()), ids=list(WAKES))
+def test_next_wake(state: dict[str, AdapterState], draining: dict[str, float], wake: float) -> None:
+    assert next_wake_s(state, draining, NOW, resync_s=30.0) == wake
+
+
+def test_a_loaded_adapter_remembers_what_and_where_and_stays_busy_until_its_task_ends() -> None:
+    st = loaded_state(Load("a", A2, inplace=True, reason=Reason.REVISION), "id", "/p", 8, source="https://h", now=NOW)
+    assert st == AdapterState(
+        "a", Phase.LOADED, "https://h", "v2", loaded="id", loaded_path="/p", busy=True, rank=8, loaded_at=NOW
+    )
 
 
 def test_backoff_is_full_jitter_exponential_and_capped() -> None:

@@ -1,5 +1,11 @@
 """The adapter-sync sidecar's shell: watches the config and the engine, runs the actions
-``core.diff`` decides, and serves /status, /healthz and /metrics.
+``core.diff`` decides, and serves /status, /healthz and /metrics (``http``).
+
+It does the I/O (calls the engine, downloads, reads the files, writes the Pod, sleeps) and
+carries out what the pure modules decide: ``core`` (actions, the pool's checks, /status),
+``config`` (what a re-read of the config applies or refuses), ``retry`` (what a failure leaves
+behind and when it is retried), ``drain`` (adapters placement moved away), ``health`` (engine
+health and restarts) and ``podreport`` (the report on the Pod and its readiness condition).
 
 One asyncio task per adapter action, so one slow or failing adapter never blocks the
 others; downloads share a semaphore. Every outside call (engine, sources) has a timeout.
@@ -22,16 +28,14 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from lorapool.api.adapterset import AdapterSet, DesiredAdapter
 from lorapool.api.peft import parse_adapter_config
-from lorapool.api.report import ANNOTATION, SYNCED_CONDITION, encode
 from lorapool.api.report import ReplicaPhase as Phase
 from lorapool.errors import AdapterError, SourceError, UnsafePathError
 from lorapool.podstatus import PodRef, api_server
 from lorapool.render.names import ENGINE_API_KEY_ENV
+from lorapool.sidecar.config import ConfigFile, parse_config, parse_slot
 from lorapool.sidecar.core import (
     UNLOAD,
     AdapterState,
@@ -39,25 +43,22 @@ from lorapool.sidecar.core import (
     EngineView,
     Load,
     Unload,
-    backoff_s,
     check_adapter,
     diff,
-    first_sync_done,
     identity_of,
-    lost_adapters,
-    moved_away,
-    parse_config,
-    parse_slot,
-    replica_report,
-    retry_delay_s,
-    rfc3339,
+    loaded_state,
+    next_wake_s,
     status_document,
     summarize,
-    synced_condition,
 )
+from lorapool.sidecar.drain import drain_after_config, still_draining
 from lorapool.sidecar.engine import EngineClient, EngineError
+from lorapool.sidecar.health import EngineHealth, HealthEvent, detect_restart, observe_health, stalled
+from lorapool.sidecar.http import start_http
 from lorapool.sidecar.metrics import SidecarMetrics
+from lorapool.sidecar.podreport import Readiness, next_readiness, pod_patch, replica_report
 from lorapool.sidecar.reporter import Observer, Reporter
+from lorapool.sidecar.retry import Backoff, Failure, about, after_failure, after_unload, internal_failure
 from lorapool.sources import AdapterStore, ChecksumMismatch, Downloader, Fetched, Limits, SourceOptions, redact_url
 from lorapool.sources.layout import CONFIG_FILE
 
@@ -131,8 +132,9 @@ def _transient(exc: BaseException) -> bool:
     return not isinstance(exc, _Refused | AdapterError)
 
 
-def _about(name: str, message: str) -> str:
-    return message if message.startswith(f"adapter {name!r}") else f"adapter {name!r}: {message}"
+def _failure(name: str, exc: BaseException, *, reason: str | None = None) -> Failure:
+    """What ``exc`` says went wrong with adapter ``name`` (``reason`` overrides the kind it reads)."""
+    return Failure(reason or _failure_reason(exc), about(name, str(exc)), transient=_transient(exc))
 
 
 class Agent:
@@ -155,26 +157,26 @@ class Agent:
         self.rejected: dict[str, str] = {}
         self.slot: int | None = None  # this replica's placement slot, None until the operator assigns one
         self.draining: dict[str, float] = {}  # adapter moved to other replicas -> when it may be unloaded
-        self.config_error: str | None = None
+        self.config_file = ConfigFile()  # what was applied or refused, and why
         self.config_loaded_at: float | None = None
-        self.engine_healthy = False
+        self.health = EngineHealth()
         self.restarts = 0
-        self._config_bytes: bytes | None = None
-        self._bad_config_bytes: bytes | None = None
-        self._seen_healthy = False
-        self._suspect_restart = False
+        self.backoff = Backoff(base_s=settings.backoff_base_s, cap_s=settings.backoff_cap_s)
         self._adopted = False
         self._heartbeat = time.monotonic()
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._kick = asyncio.Event()
         self._reload_config = asyncio.Event()
         self._engine: EngineClient | None = None
-        self._synced = False  # the readiness latch: first sync since the engine (re)started is over
-        self._synced_shown: tuple[bool, str] | None = None  # (status, lastTransitionTime) last built
+        self.readiness = Readiness()  # the latch: first sync since the engine (re)started is over
         self.reporter: Reporter | None = None
         self.observer = Observer(
             settings.engine_url, window_s=settings.observe_window_s, sample_s=settings.observe_sample_s, clock=clock
         )
+
+    @property
+    def engine_healthy(self) -> bool:
+        return self.health.healthy
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -195,7 +197,7 @@ class Agent:
                 load_timeout_s=s.load_timeout_s,
                 api_key=os.environ.get(ENGINE_API_KEY_ENV) or None,
             )
-            runner = await self._start_http()
+            runner = await start_http(self, s.host, s.status_port)
             await asyncio.to_thread(self.store.reset_staging)
             self.read_config()
             watchers = [
@@ -241,50 +243,27 @@ class Agent:
         """The Pod patch that says what the engine holds now: annotation plus readiness condition."""
         desired = {a.name: a for a in self.pool.adapters} if self.pool else {}
         wanted = set(desired) - set(self.rejected)
-        if not self._synced and first_sync_done(
-            wanted, self.state, engine_healthy=self.engine_healthy, config_read=self.pool is not None
-        ):
-            self._synced = True
-        synced = synced_condition(self._synced, wanted, self.state)
-        if self._synced_shown is None or self._synced_shown[0] != synced.status:
-            self._synced_shown = (synced.status, rfc3339(self.clock()) or "")
+        self.readiness, condition = next_readiness(
+            self.readiness,
+            wanted,
+            self.state,
+            engine_healthy=self.engine_healthy,
+            config_read=self.pool is not None,
+            now=self.clock(),
+        )
         report = replica_report(desired, self.state, self.rejected, engine_healthy=self.engine_healthy)
-        report = replace(report, observations=self.observer.latest)
-        return {
-            "metadata": {"annotations": {ANNOTATION: encode(report)}},
-            "status": {
-                "conditions": [
-                    {
-                        "type": SYNCED_CONDITION,
-                        "status": "True" if synced.status else "False",
-                        "reason": synced.reason,
-                        "message": synced.message,
-                        "lastTransitionTime": self._synced_shown[1],
-                    }
-                ]
-            },
-        }
+        return pod_patch(replace(report, observations=self.observer.latest), condition)
 
     async def _relay_stop(self, stop: asyncio.Event) -> None:
         await stop.wait()
         self.kick()
-
-    async def _start_http(self) -> web.AppRunner:
-        app = web.Application()
-        app.router.add_get("/status", self._http_status)
-        app.router.add_get("/healthz", self._http_healthz)
-        app.router.add_get("/metrics", self._http_metrics)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, self.settings.host, self.settings.status_port).start()
-        return runner
 
     # ---- HTTP --------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
         document = status_document(
             EngineView(self.settings.engine_url, self.engine_healthy, self.restarts),
-            ConfigView(str(self.settings.config_path), self.config_error, self.config_loaded_at),
+            ConfigView(str(self.settings.config_path), self.config_file.error, self.config_loaded_at),
             self.pool,
             self.state,
             self.rejected,
@@ -293,27 +272,23 @@ class Agent:
         pod = self.settings.pod
         document["report"] = {
             "pod": f"{pod.namespace}/{pod.name}" if pod else None,
-            "synced": self._synced,
+            "synced": self.readiness.latched,
             "writes": self.reporter.writes if self.reporter else 0,
             "error": self.reporter.last_error if self.reporter else None,
         }
         return document
 
-    async def _http_status(self, request: web.Request) -> web.Response:
-        return web.json_response(self.status())
+    def stalled(self) -> str | None:
+        return stalled(
+            time.monotonic() - self._heartbeat,
+            resync_s=self.settings.resync_s,
+            health_poll_s=self.settings.health_poll_s,
+        )
 
-    async def _http_healthz(self, request: web.Request) -> web.Response:
-        age = time.monotonic() - self._heartbeat
-        limit = 3 * max(self.settings.resync_s, self.settings.health_poll_s) + 10
-        if age > limit:
-            return web.json_response({"ok": False, "error": f"reconcile loop stalled for {age:.0f}s"}, status=503)
-        return web.json_response({"ok": True})
-
-    async def _http_metrics(self, request: web.Request) -> web.Response:
+    def scrape(self) -> SidecarMetrics:
         self.metrics.set_phases(st.phase for st in self.state.values())
         self.metrics.engine_healthy.set(1 if self.engine_healthy else 0)
-        body = generate_latest(self.metrics.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return self.metrics
 
     # ---- config ------------------------------------------------------------------------
 
@@ -324,7 +299,7 @@ class Agent:
         if slot != self.slot:
             log.info("Placement slot changed", extra={"kv": {"from": self.slot, "to": slot}})
             self.slot = slot
-            self._config_bytes = self._bad_config_bytes = None  # the share depends on the slot: re-apply
+            self.config_file = self.config_file.forget()  # the share depends on the slot: re-apply
         try:
             raw = path.read_bytes()
         except OSError as exc:
@@ -332,11 +307,8 @@ class Agent:
                 None, f"config {path}: cannot read it ({exc.strerror or exc}); check the ConfigMap mount"
             )
             return
-        if raw == self._config_bytes:
-            if self.config_error is not None and self._bad_config_bytes is None:
-                self.config_error = None  # the file is readable again and unchanged since it was good
-            return
-        if raw == self._bad_config_bytes:
+        self.config_file, new = self.config_file.read(raw)
+        if not new:
             return
         try:
             parsed = parse_config(raw, path=str(path))
@@ -344,12 +316,11 @@ class Agent:
             self._config_failed(raw, str(exc))
             return
         share = parsed.adapters.share(self.slot)
-        moved = moved_away(self.pool, share, parsed.adapters)
-        self.draining = {n: t for n, t in self.draining.items() if n not in {a.name for a in share.adapters}}
-        self.draining |= {n: self.clock() + self.settings.drain_s for n in moved if n not in self.draining}
+        self.draining = drain_after_config(
+            self.draining, self.pool, share, parsed.adapters, now=self.clock(), drain_s=self.settings.drain_s
+        )
         self.pool, self.rejected = share, dict(parsed.rejected)
-        self._config_bytes, self._bad_config_bytes = raw, None
-        self.config_error = None
+        self.config_file = self.config_file.apply(raw)
         self.config_loaded_at = self.clock()
         log.info(
             "Loaded config",
@@ -377,13 +348,11 @@ class Agent:
             return None
 
     def _config_failed(self, raw: bytes | None, message: str) -> None:
-        kept = len(self.pool.adapters) if self.pool else 0
-        message = f"{message}; keeping the last good set of {kept} adapters" if self.pool else message
-        if message != self.config_error:
-            log.warning("Refused config", extra={"kv": {"error": message}})
+        before = self.config_file
+        self.config_file = before.refuse(raw, message, kept=len(self.pool.adapters) if self.pool else None)
+        if self.config_file.error != before.error:
+            log.warning("Refused config", extra={"kv": {"error": self.config_file.error}})
             self.metrics.config_errors.inc()
-        self.config_error = message
-        self._bad_config_bytes = raw
 
     async def _watch_config(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -391,7 +360,7 @@ class Agent:
                 await asyncio.wait_for(self._reload_config.wait(), self.settings.config_poll_s)
             if self._reload_config.is_set():
                 self._reload_config.clear()
-                self._config_bytes = self._bad_config_bytes = None  # SIGHUP forces a full re-apply
+                self.config_file = self.config_file.forget()  # SIGHUP forces a full re-apply
             self.read_config()
 
     # ---- engine ------------------------------------------------------------------------
@@ -402,23 +371,19 @@ class Agent:
         return self._engine
 
     async def _watch_health(self, stop: asyncio.Event) -> None:
-        waiting_logged = False
         while not stop.is_set():
-            healthy = await self.engine.healthy()
-            if healthy and not self.engine_healthy:
-                log.info("Engine became healthy", extra={"kv": {"engine": self.settings.engine_url}})
-                if self._seen_healthy:
-                    self._suspect_restart = True
-                    self._synced = False  # re-earn readiness once everything is held again
-                self._seen_healthy = True
+            self.health, event = observe_health(self.health, await self.engine.healthy())
+            where = {"kv": {"engine": self.settings.engine_url}}
+            if event in (HealthEvent.HEALTHY, HealthEvent.BACK):
+                log.info("Engine became healthy", extra=where)
+                if event is HealthEvent.BACK:
+                    self.readiness = self.readiness.restarted()
                 self.kick()
-            elif not healthy and self.engine_healthy:
-                log.warning("Engine became unhealthy", extra={"kv": {"engine": self.settings.engine_url}})
-            elif not healthy and not self._seen_healthy and not waiting_logged:
-                log.info("Waiting for engine", extra={"kv": {"engine": self.settings.engine_url}})
-                waiting_logged = True
-            self.engine_healthy = healthy
-            self.metrics.engine_healthy.set(1 if healthy else 0)
+            elif event is HealthEvent.UNHEALTHY:
+                log.warning("Engine became unhealthy", extra=where)
+            elif event is HealthEvent.WAITING:
+                log.info("Waiting for engine", extra=where)
+            self.metrics.engine_healthy.set(1 if self.health.healthy else 0)
             await asyncio.sleep(self.settings.health_poll_s)
 
     def _adopt(self, actual: dict[str, str]) -> None:
@@ -453,14 +418,7 @@ class Agent:
                 await asyncio.wait_for(self._kick.wait(), self._next_wake())
 
     def _next_wake(self) -> float:
-        now = self.clock()
-        wake = self.settings.resync_s
-        for st in self.state.values():
-            if st.next_retry_at is not None and not st.busy:
-                wake = min(wake, st.next_retry_at - now)
-        for until in self.draining.values():
-            wake = min(wake, until - now)
-        return max(wake, 0.05)
+        return next_wake_s(self.state, self.draining, self.clock(), resync_s=self.settings.resync_s)
 
     async def _reconcile(self) -> None:
         assert self.pool is not None
@@ -473,17 +431,16 @@ class Agent:
         if not self._adopted:
             await asyncio.to_thread(self._adopt, actual)
             self._adopted = True
-        if lost := lost_adapters(actual, self.state):
+        if (restart := detect_restart(actual, self.state, self.health)) is not None:
             self.restarts += 1
             self.metrics.engine_restarts.inc()
-            cause = "health flapped" if self._suspect_restart else "adapters vanished from /v1/models"
-            log.warning("Detected engine restart", extra={"kv": {"cause": cause, "reloading": lost}})
-            self._synced = False
-        self._suspect_restart = False
+            log.warning("Detected engine restart", extra={"kv": {"cause": restart.cause, "reloading": restart.lost}})
+            self.readiness = self.readiness.restarted()
+        self.health = self.health.looked()
         desired = {a.name: a for a in self.pool.adapters}
         stored = await asyncio.to_thread(self.store.names)
         now = self.clock()
-        self.draining = {n: t for n, t in self.draining.items() if t > now}
+        self.draining = still_draining(self.draining, now)
         hold = set(self.rejected) | set(self.draining)  # draining: still served here until its time is up
         actions = diff(desired, actual, self.state, now, stored=stored, hold=hold)
         for action in actions:
@@ -537,16 +494,10 @@ class Agent:
         except asyncio.CancelledError:
             raise
         except (_Refused, AdapterError, SourceError, EngineError) as exc:
-            self._fail(name, want, _failure_reason(exc), _about(name, str(exc)), transient=_transient(exc))
+            self._fail(name, want, _failure(name, exc))
         except Exception as exc:  # a bug must not take the other adapters down
             log.exception("Adapter action crashed", extra={"kv": {"adapter": name}})
-            self._fail(
-                name,
-                want,
-                "internal",
-                f"adapter {name!r}: internal error {type(exc).__name__}: {exc}; report a bug",
-                transient=True,
-            )
+            self._fail(name, want, internal_failure(name, type(exc).__name__, str(exc)))
         finally:
             if fetched is not None:
                 self.downloader.release(fetched)
@@ -598,17 +549,7 @@ class Agent:
 
     def _loaded(self, action: Load, want: str, path: str, rank: int) -> None:
         name, adapter = action.name, action.adapter
-        self.state[name] = AdapterState(
-            name,
-            Phase.LOADED,
-            redact_url(adapter.source),
-            adapter.revision,
-            loaded=want,
-            loaded_path=path,
-            busy=True,
-            rank=rank,
-            loaded_at=self.clock(),
-        )
+        self.state[name] = loaded_state(action, want, path, rank, source=redact_url(adapter.source), now=self.clock())
         self.metrics.loads.labels(reason=str(action.reason)).inc()
         log.info(
             "Reloaded adapter" if action.inplace else "Loaded adapter",
@@ -623,32 +564,22 @@ class Agent:
             },
         )
 
-    def _fail(self, name: str, failed: str, reason: str, message: str, *, transient: bool) -> None:
-        st = self.state.get(name) or AdapterState(name)
-        attempts = (st.attempts if st.failed == failed else 0) + 1
-        delay = retry_delay_s(
-            attempts,
-            self.rng,
-            transient=transient,
-            base_s=self.settings.backoff_base_s,
-            cap_s=self.settings.backoff_cap_s,
+    def _fail(self, name: str, failed: str, failure: Failure) -> None:
+        retry = after_failure(
+            self.state.get(name) or AdapterState(name), failed, failure, self.clock(), self.rng, self.backoff
         )
-        if st.loaded is not None and failed not in (st.loaded, UNLOAD):
-            message += "; the previously loaded revision keeps serving"
-        self.state[name] = replace(
-            st, phase=Phase.FAILED, attempts=attempts, failed=failed, next_retry_at=self.clock() + delay, error=message
-        )
-        self.metrics.failures.labels(reason=reason).inc()
+        self.state[name] = retry.state
+        self.metrics.failures.labels(reason=failure.reason).inc()
         log.warning(
             "Failed adapter action",
             extra={
                 "kv": {
                     "adapter": name,
-                    "reason": reason,
-                    "error": message,
-                    "attempts": attempts,
-                    "transient": transient,
-                    "retryInSeconds": round(delay, 2),
+                    "reason": failure.reason,
+                    "error": retry.state.error,
+                    "attempts": retry.state.attempts,
+                    "transient": failure.transient,
+                    "retryInSeconds": round(retry.delay_s, 2),
                 }
             },
         )
@@ -664,29 +595,11 @@ class Agent:
             await self.engine.unload(name)
             self.metrics.unloads.inc()
             log.info("Unloaded adapter", extra={"kv": {"adapter": name}})
-            # Keep a short memory: if the engine still lists it next time, something else loads it
-            # (e.g. --lora-modules); back off instead of unloading in a tight loop.
             st = self.state.get(name) or AdapterState(name)
-            repeats = st.attempts + 1 if st.failed == UNLOAD else 1
-            delay = backoff_s(repeats, self.rng, base_s=self.settings.backoff_base_s, cap_s=self.settings.backoff_cap_s)
-            error = None
-            if repeats > 1:
-                error = (
-                    f"adapter {name!r}: the engine lists it again after {repeats - 1} unloads; "
-                    "remove it from the engine's --lora-modules or whatever else loads it"
-                )
-            self.state[name] = replace(
-                st,
-                phase=Phase.UNLOADING,
-                loaded=None,
-                failed=UNLOAD,
-                attempts=repeats,
-                next_retry_at=self.clock() + delay,
-                error=error,
-            )
+            self.state[name] = after_unload(st, self.clock(), self.rng, self.backoff).state
         except asyncio.CancelledError:
             raise
         except (EngineError, UnsafePathError) as exc:
-            self._fail(name, UNLOAD, "unload", _about(name, str(exc)), transient=_transient(exc))
+            self._fail(name, UNLOAD, _failure(name, exc, reason="unload"))
         finally:
             await asyncio.to_thread(self.store.gc)

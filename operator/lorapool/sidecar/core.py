@@ -1,27 +1,27 @@
-"""The sidecar's decisions, free of I/O: desired vs actual -> actions, backoff, checks, status.
+"""The sidecar's decisions, free of I/O: desired vs actual -> actions, the pool's checks, /status.
 
 ``diff`` is level-based: it looks at the whole desired set, what the engine lists in
 ``/v1/models`` and what the sidecar remembers, and returns every action needed now.
 The shell (``agent.py``) runs the actions and feeds the results back into ``state``.
-Pure: no asyncio, no HTTP, no clock (``now`` is passed in), no global RNG.
+Pure: no asyncio, no HTTP, no clock (``now`` is passed in), no global RNG. Its siblings,
+one concept each and as pure: ``config`` (adapters.json, the slot, re-reads), ``retry``
+(failures, backoff and their messages), ``drain`` (adapters placement moved away), ``health``
+(engine health and restarts), ``podreport`` (the report, its readiness condition, pacing) and
+``observations`` (the engine's metrics over a window).
 """
 
 from __future__ import annotations
 
-import json
-import random
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
-
-from pydantic import ValidationError
 
 from lorapool.api import clock
 from lorapool.api.adapterset import AdapterSet, DesiredAdapter
 from lorapool.api.peft import AdapterConfig, same_base_model, vllm_rank_for
-from lorapool.api.report import AdapterReport, ReplicaReport, adapter_identity, short_id
 from lorapool.api.report import ReplicaPhase as Phase
+from lorapool.api.report import adapter_identity
 
 
 class Reason(StrEnum):
@@ -138,31 +138,33 @@ def diff(
     return actions
 
 
-def lost_adapters(actual: Mapping[str, str], state: Mapping[str, AdapterState]) -> list[str]:
-    """Adapters we loaded that the engine no longer lists: the engine restarted under us."""
-    return sorted(n for n, st in state.items() if st.loaded is not None and not st.busy and n not in actual)
+def loaded_state(action: Load, identity: str, path: str, rank: int, *, source: str | None, now: float) -> AdapterState:
+    """An adapter's state once the engine loaded ``action``'s adapter from ``path`` (still busy: its
+    action's task clears that when it ends); ``source`` is shown redacted."""
+    return AdapterState(
+        action.name,
+        Phase.LOADED,
+        source,
+        action.adapter.revision,
+        loaded=identity,
+        loaded_path=path,
+        busy=True,
+        rank=rank,
+        loaded_at=now,
+    )
 
 
-def backoff_s(attempts: int, rng: random.Random, *, base_s: float = 1.0, cap_s: float = 300.0) -> float:
-    """Exponential backoff with full jitter: uniform in [0, min(cap, base * 2^(attempts-1))]."""
-    ceiling = min(cap_s, base_s * 2 ** max(0, min(attempts - 1, 30)))
-    return rng.uniform(0.0, ceiling)
-
-
-def retry_delay_s(
-    attempts: int, rng: random.Random, *, transient: bool, base_s: float = 1.0, cap_s: float = 300.0
+def next_wake_s(
+    state: Mapping[str, AdapterState], draining: Mapping[str, float], now: float, *, resync_s: float
 ) -> float:
-    """How long a failed adapter waits before the same desired entry is tried again.
-
-    Transient failures (a source or the engine unreachable, a 5xx, a timeout) back off
-    exponentially with full jitter. Permanent ones (a missing object, a refused adapter, a bad
-    checksum) will not heal by retrying: they wait near the cap (jittered in [cap/2, cap] so
-    pods do not retry in step). A change of the desired entry retries at once either way,
-    because ``diff`` only waits while the failed identity is still the one desired.
-    """
-    if transient:
-        return backoff_s(attempts, rng, base_s=base_s, cap_s=cap_s)
-    return rng.uniform(cap_s / 2, cap_s)
+    """Seconds until the next reconcile: the first retry or drain due, at most ``resync_s``, at least 50 ms."""
+    wake = resync_s
+    for st in state.values():
+        if st.next_retry_at is not None and not st.busy:
+            wake = min(wake, st.next_retry_at - now)
+    for until in draining.values():
+        wake = min(wake, until - now)
+    return max(wake, 0.05)
 
 
 @dataclass(frozen=True)
@@ -191,77 +193,6 @@ def check_adapter(name: str, config: AdapterConfig, pool: AdapterSet) -> list[Pr
             )
         )
     return problems
-
-
-@dataclass(frozen=True)
-class ParsedConfig:
-    adapters: AdapterSet
-    rejected: Mapping[str, str] = field(default_factory=dict)  # name -> why its entry is refused
-
-
-def parse_config(text: bytes, *, path: str) -> ParsedConfig:
-    """Parse adapters.json. A bad document raises ValueError (keep the last good set); a bad
-    entry only rejects that adapter, so one typo never blocks the others."""
-    try:
-        return ParsedConfig(AdapterSet.from_json(text))
-    except ValidationError as whole:
-        first_error = whole
-    try:
-        raw = json.loads(text)
-    except ValueError as exc:
-        raise ValueError(
-            f"config {path}: not valid JSON ({exc}); fix the ConfigMap or the operator that writes it"
-        ) from exc
-    entries = raw.get("adapters") if isinstance(raw, dict) else None
-    if not isinstance(entries, list):
-        raise ValueError(f"config {path}: {_first(first_error)}; fix the ConfigMap or the operator that writes it")
-    try:
-        base = AdapterSet.model_validate({**raw, "adapters": []})
-    except ValidationError as exc:
-        raise ValueError(f"config {path}: {_first(exc)}; fix the ConfigMap or the operator that writes it") from exc
-    good: list[DesiredAdapter] = []
-    rejected: dict[str, str] = {}
-    seen: set[str] = set()
-    for i, entry in enumerate(entries):
-        label = str(entry.get("name")) if isinstance(entry, dict) and entry.get("name") else f"adapters[{i}]"
-        try:
-            adapter = DesiredAdapter.model_validate(entry)
-        except ValidationError as exc:
-            rejected[label] = f"adapter {label!r}: {_first(exc)}; fix this entry in the pool spec"
-            continue
-        if adapter.name in seen:
-            rejected[label] = f"adapter {label!r}: listed twice; keep one entry per name"
-            continue
-        seen.add(adapter.name)
-        good.append(adapter)
-    return ParsedConfig(base.model_copy(update={"adapters": tuple(good)}), rejected)
-
-
-def moved_away(before: AdapterSet | None, share: AdapterSet, listed: AdapterSet) -> set[str]:
-    """Adapters this replica held in its last share that placement now gives to other replicas only
-    (still in the pool, no longer in the share): drained before they are unloaded. A removed adapter
-    is not moved: it goes at once, as before placement."""
-    if before is None:
-        return set()
-    kept = {a.name for a in share.adapters}
-    pool = {a.name for a in listed.adapters}
-    return {a.name for a in before.adapters if a.name not in kept and a.name in pool}
-
-
-def parse_slot(text: str | None) -> int | None:
-    """This replica's placement slot from the downward-API file of annotation ``lorapool.io/slot``.
-
-    Empty or missing (the operator has not assigned one yet) or unreadable: None, and the
-    replica holds only the adapters placed on every replica until its slot arrives.
-    """
-    value = (text or "").strip()
-    return int(value) if value.isdigit() else None
-
-
-def _first(exc: Any) -> str:
-    err = exc.errors()[0]
-    where = ".".join(str(p) for p in err.get("loc", ())) or "document"
-    return f"{where}: {err.get('msg', 'invalid')}"
 
 
 def rfc3339(ts: float | None) -> str | None:
@@ -341,100 +272,3 @@ def summarize(actions: Sequence[Action]) -> dict[str, int]:
         else:
             out["wait"] += 1
     return out
-
-
-# ---- the report on the sidecar's own Pod (lorapool.api.report) -------------------------------
-
-
-def replica_report(
-    desired: Mapping[str, DesiredAdapter],
-    state: Mapping[str, AdapterState],
-    rejected: Mapping[str, str],
-    *,
-    engine_healthy: bool,
-) -> ReplicaReport:
-    """What this replica holds, per adapter: phase, the desired identity, the loaded one, why it failed.
-
-    Only facts that change when the engine's holdings change go in (no attempt counts, no
-    retry times), so an idle sidecar produces the same report and writes nothing.
-    """
-    adapters: dict[str, AdapterReport] = {}
-    for name, st in state.items():
-        want = desired.get(name)
-        adapters[name] = AdapterReport(
-            phase=st.phase,
-            id=short_id(identity_of(want)) if want is not None else None,
-            loaded=short_id(st.loaded) if st.loaded else None,
-            message=st.error if st.phase == Phase.FAILED else None,
-        )
-    for name, why in rejected.items():
-        if name not in adapters:
-            adapters[name] = AdapterReport(phase=Phase.FAILED, message=why)
-    return ReplicaReport(engine_healthy=engine_healthy, adapters=adapters)
-
-
-@dataclass(frozen=True)
-class Synced:
-    """The ``lorapool.api.report.SYNCED_CONDITION`` pod condition: the engine pod's readiness gate."""
-
-    status: bool
-    reason: str
-    message: str
-
-
-def first_sync_done(
-    desired: Collection[str], state: Mapping[str, AdapterState], *, engine_healthy: bool, config_read: bool
-) -> bool:
-    """True once every desired adapter was loaded or failed at least once (failures count: one
-    broken adapter fails on every replica alike and must not keep them all out of the Service)."""
-    if not (engine_healthy and config_read):
-        return False
-    return all((st := state.get(n)) is not None and st.phase in (Phase.LOADED, Phase.FAILED) for n in desired)
-
-
-def synced_condition(latched: bool, desired: Collection[str], state: Mapping[str, AdapterState]) -> Synced:
-    """The condition from the latch (set by the first sync, cleared by an engine restart) and counts."""
-    counts = {Phase.LOADED: 0, Phase.FAILED: 0}
-    for name in desired:
-        st = state.get(name)
-        if st is not None and st.phase in counts:
-            counts[st.phase] += 1
-    busy = len(desired) - counts[Phase.LOADED] - counts[Phase.FAILED]
-    message = f"{counts[Phase.LOADED]} loaded, {counts[Phase.FAILED]} failed, {busy} in progress of {len(desired)}"
-    if not latched:
-        return Synced(False, "Syncing", message)
-    return Synced(True, "SyncedWithFailures" if counts[Phase.FAILED] else "Synced", message)
-
-
-@dataclass(frozen=True)
-class Pacer:
-    """When to write the report: never while it is unchanged, at most once per ``min_interval_s``.
-
-    Pure: the shell asks ``next_write_at`` with the document it would send and the time, and
-    tells ``sent`` / ``failed`` what happened. A failed write is retried after ``retry_s``
-    (doubling up to ``max_retry_s``) with whatever the document is by then.
-    """
-
-    min_interval_s: float = 2.0
-    retry_s: float = 1.0
-    max_retry_s: float = 30.0
-    last_sent: str | None = None
-    last_at: float | None = None
-    failures: int = 0
-
-    def next_write_at(self, document: str, now: float) -> float | None:
-        """None: nothing to write; else when the write is due (``now`` or later)."""
-        if document == self.last_sent:
-            return None
-        if self.last_at is None:
-            return now
-        gap = self.min_interval_s
-        if self.failures:
-            gap = max(gap, min(self.max_retry_s, self.retry_s * 2 ** (self.failures - 1)))
-        return max(now, self.last_at + gap)
-
-    def sent(self, document: str, now: float) -> Pacer:
-        return replace(self, last_sent=document, last_at=now, failures=0)
-
-    def failed(self, now: float) -> Pacer:
-        return replace(self, last_at=now, failures=self.failures + 1)

@@ -33,8 +33,8 @@ import aiohttp
 from lorapool.api.report import Observations
 from lorapool.podstatus import ApiServer, PodRef, patch_status
 from lorapool.podstatus import session as api_session
-from lorapool.sidecar.core import Pacer
 from lorapool.sidecar.observations import Window, parse_sample
+from lorapool.sidecar.podreport import Pacer
 
 log = logging.getLogger("lorapool.sidecar")
 
@@ -42,7 +42,7 @@ Build = Callable[[], dict[str, Any]]  # -> the strategic-merge patch body to sen
 
 
 class Reporter:
-    """Sends ``build()``'s patch whenever it differs from the last one sent, paced by ``core.Pacer``."""
+    """Sends ``build()``'s patch whenever it differs from the last one sent, paced by ``podreport.Pacer``."""
 
     def __init__(
         self,
