@@ -52,7 +52,7 @@ from lorapool.api.models import LoRAPool
 from lorapool.api.pods import engine_pods
 from lorapool.api.report import ANNOTATION, Observations, ReplicaReport, encode
 from lorapool.api.requests import RequestWindow
-from lorapool.controller.placement import decide_placement, observed_load, scaling_rule
+from lorapool.controller.holders import decide_placement, observed_load, scaling_rule
 from lorapool.plan.placement import KState, shares
 from lorapool.sidecar.observations import Window, parse_sample
 

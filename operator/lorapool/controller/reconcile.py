@@ -22,10 +22,10 @@ from lorapool.api.clock import rfc3339
 from lorapool.api.models import LoRAPool
 from lorapool.api.pods import EnginePod, engine_pods
 from lorapool.api.status import AdapterPhase, LoRAAdapterStatus, LoRAPoolStatus
-from lorapool.controller import decide, signals, sizing
+from lorapool.controller import decide, signals, tuning
 from lorapool.controller.decide import Decision, Event, Fetched
+from lorapool.controller.holders import assign_slots, pod_slots, slot_patches
 from lorapool.controller.kube import Kube
-from lorapool.controller.placement import assign_slots, pod_slots, pool_signals, slot_patches
 from lorapool.controller.status import (
     NOWHERE,
     AdapterResult,
@@ -142,7 +142,7 @@ class PoolReconciler:
             routers=routers,
             status=body.get("status"),
             now=now,
-            tuned=sizing.tuned_max_loras(pool, body),
+            tuned=tuning.tuned_max_loras(pool, body),
         )
         # 4. apply
         await self._apply(pool, decision.objects)
@@ -185,14 +185,14 @@ class PoolReconciler:
         now: float,
     ) -> tuple[LoRAPoolStatus, tuple[Event, ...]]:
         """The pool's status with status.recommendation from the sidecars' reports and the opt-in
-        loop's change (``controller.sizing``), and the Events of that change."""
-        sized = sizing.size(
+        loop's change (``controller.tuning``), and the Events of that change."""
+        sized = tuning.size(
             pool,
             decision.plan,
-            sizing.current_sizing(body),
-            sizing.pod_windows(pods, now),
+            tuning.current_sizing(body),
+            tuning.pod_windows(pods, now),
             now,
-            serving=sizing.serving_pods(pods),
+            serving=tuning.serving_pods(pods),
         )
         status = pool_status(observed).model_copy(
             update={"recommendation": sized.recommendation, "sizing": sized.sizing}
@@ -226,7 +226,7 @@ class PoolReconciler:
     def _export_signals(self, pool: LoRAPool, pods: Sequence[EnginePod], decision: Decision) -> None:
         """The pool's autoscaling signals, and the loads a placement change asked for (per scale event)."""
         namespace, name = pool.metadata.namespace, pool.metadata.name
-        signals.export(namespace, name, pool_signals(pool, pods, decision.placement))
+        signals.export(namespace, name, signals.pool_signals(pool, pods, decision.placement))
         if decision.placement is None:
             return
         holders = decision.placement.holders
