@@ -171,6 +171,13 @@ def _watch_children(registry: kopf.OperatorRegistry, queue: WorkQueue) -> None:
         queue.add_windowed(key[0], labels[POOL_LABEL])  # at most once per QueueSettings.window_s
 
 
+def _stop_if_failed(task: asyncio.Task[None], stop: asyncio.Event) -> None:
+    """A queue loop that died reconciles nothing more: stop the operator (its Pod restarts it)."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("Stopped the reconcile queue: %r; stopping the operator", exc)
+        stop.set()
+
+
 async def _serve_health(cfg: OperatorConfig, leading: asyncio.Event, kopf_ready: asyncio.Event) -> web.AppRunner:
     """/healthz: the process is alive (standbys too, so probes do not restart them);
     /readyz: this replica leads and kopf's watches are running."""
@@ -224,6 +231,7 @@ async def run_operator(cfg: OperatorConfig) -> int:
     queue = WorkQueue(reconciler.reconcile, QueueSettings(resync_s=cfg.resync_s))
     stop = asyncio.Event()
     tasks = [asyncio.create_task(queue.run(), name="queue")]
+    tasks[0].add_done_callback(lambda task: _stop_if_failed(task, stop))
     if elector is not None:
         tasks.append(asyncio.create_task(elector.keep(stop), name="lease"))
     try:
@@ -241,4 +249,4 @@ async def run_operator(cfg: OperatorConfig) -> int:
         await health.cleanup()
         if elector is not None:
             await asyncio.to_thread(elector.release)
-    return 1 if stop.is_set() and elector is not None else 0
+    return 1 if stop.is_set() else 0  # the Lease lost, or the queue loop died
