@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from bench import chaos, large_catalog, real_engine
+from bench import chaos, large_catalog_report, real_engine
 from bench import sizing as sizing_cell
 from bench.formatting import fmt as _f
 from bench.scenarios import LORAPOOL_AFFINITY as AFFINITY
@@ -258,7 +258,7 @@ def render(
     lines += real_engine_section
     lines += sizing_cell.section(data["sizing"])
     lines += chaos.section(chaos_data, plots_dir)
-    lines += large_catalog.section(data, plots_dir)
+    lines += large_catalog_report.section(data, plots_dir)
     lines += ["## Plots", ""] + [f"![{f}]({plots_dir}/{f})" for f in PLOTS] + [""]
     lines += [METHOD.read_text().rstrip("\n"), ""]
     return "\n".join(lines)
@@ -335,7 +335,7 @@ def write_report(data: dict[str, Any], out: Path, report: Path) -> None:
     """Plots into ``out``, RESULTS.md at ``report``."""
     plot(data, out)
     chaos.plot(out)
-    large_catalog.plot(data, out)
+    large_catalog_report.plot(data, out)
     rel = out.relative_to(report.parent) if out.is_relative_to(report.parent) else out
     cells = real_engine.section(out), chaos.load(out) or {}, sizing_cell.load(out) or {}
     report.write_text(render(data, rel.as_posix(), *cells))

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from bench import large_catalog
+from bench import large_catalog_report
 from bench.scenarios import LORAPOOL_AFFINITY as AFFINITY
 from bench.scenarios import LORAPOOL_ROUND_ROBIN, NOT_BASELINES, ORACLE
 
@@ -190,12 +190,12 @@ def _sizing_tuned(data: dict[str, Any]) -> list[Cell]:
 
 
 def _placement_vs_affinity(key: str) -> Callable[[dict[str, Any]], list[Cell]]:
-    """Regime (e): lorapool placement against all-replica affinity (``large_catalog.versus_affinity``)."""
+    """Regime (e): lorapool placement against all-replica affinity (``large_catalog_report.versus_affinity``)."""
 
     def cells(data: dict[str, Any]) -> list[Cell]:
         out = []
-        for name, runs in large_catalog.regime_e(data).items():
-            ratios = large_catalog.versus_affinity(runs)
+        for name, runs in large_catalog_report.regime_e(data).items():
+            ratios = large_catalog_report.versus_affinity(runs)
             if ratios is not None:
                 out.append(Cell(name, ratios[key]))
         return out
@@ -206,8 +206,8 @@ def _placement_vs_affinity(key: str) -> Callable[[dict[str, Any]], list[Cell]]:
 def _convergence(data: dict[str, Any]) -> list[Cell]:
     """Regime (e): seconds after the shift until the new hot adapter is on its k replicas (inf: never)."""
     out = []
-    for name, runs in large_catalog.regime_e(data).items():
-        run = runs.get(large_catalog.PLACEMENT)
+    for name, runs in large_catalog_report.regime_e(data).items():
+        run = runs.get(large_catalog_report.PLACEMENT)
         if run is not None:
             reached = run.get("convergence_s")
             label = f"{name}, {run['hot_after']} to k {run.get('hot_after_k')}"

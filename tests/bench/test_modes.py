@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from bench import chaos, large_catalog, real_engine, results, run, sizing
+from bench import chaos, large_catalog, large_catalog_report, real_engine, results, run, sizing
 from tests.delivery.helm import REPO
 
 COMMITTED = REPO / "bench" / "results"
@@ -81,7 +81,7 @@ def test_large_catalog(fresh: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     data = written(fresh)
     assert {r["system"] for r in data["runs"]} == set(cells)
     assert [s["name"] for s in data["scenarios"]] == [scenario]
-    assert (fresh / large_catalog.PLOT).exists()
+    assert (fresh / large_catalog_report.PLOT).exists()
 
 
 def test_real_engine(fresh: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -46,7 +46,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(400)]
 POOL, REPLICAS, ADAPTERS = "storm", 8, 1000
 LOADING_S, IDLE_S, OBSERVING_S, TICK_S = 30.0, 15.0, 10.0, 0.1
 REPORT_INTERVAL_S = 2.0  # the sidecar's default --report-interval-seconds
-POD_WINDOW_S = 2.0  # controller.app.POD_EVENT_WINDOW_S
+POD_WINDOW_S = 2.0  # controller.schedule.QueueSettings.window_s
 STEPS = (Phase.PENDING, Phase.DOWNLOADING, Phase.VERIFYING, Phase.LOADING, Phase.LOADED)
 
 

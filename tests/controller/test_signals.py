@@ -16,9 +16,10 @@ from lorapool.api.models import API_VERSION
 from lorapool.api.pods import engine_pod
 from lorapool.api.report import AdapterLoad as ReplicaLoad
 from lorapool.controller import signals
-from lorapool.controller.placement import decide_placement, pool_signals
+from lorapool.controller.holders import decide_placement
+from lorapool.controller.signals import pool_signals
 from lorapool.testing.components import start_router, start_sim
-from tests.controller.test_placement import obs, pool, reported
+from tests.controller.test_holders import obs, pool, reported
 from tests.delivery.test_dashboard import exported
 
 REPO = Path(__file__).parents[2]

@@ -28,9 +28,9 @@ from bench.large_catalog import (  # noqa: E402
     popularity_shift,
     requests_in_simulated_time,
     router_pods,
-    section,
     shifted_schedule,
 )
+from bench.large_catalog_report import section  # noqa: E402
 from bench.loadgen import Outcome, Workload, schedule  # noqa: E402
 from bench.targets import TARGETS  # noqa: E402
 from lorapool.api.report import AdapterLoad, Observations  # noqa: E402

@@ -33,7 +33,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from lorapool.api.yamlio import dump_all
     from lorapool.commands.common import fail, plan_offline, read_inputs
-    from lorapool.controller.placement import decide_placement
+    from lorapool.controller.holders import decide_placement
     from lorapool.errors import LoRAPoolError
     from lorapool.render.manifests import RenderOptions, render_pool
 

@@ -1,7 +1,8 @@
-"""The operator process: kopf watches wired to the PoolReconciler, leader election, metrics.
+"""The operator process: kopf watches wired to the reconcile queue, leader election, metrics.
 
-The only module that imports kopf. Every watch handler just triggers a level-based
-reconcile of the affected pool; kopf writes nothing of its own to our objects (no
+The only module that imports kopf. Every watch handler just adds the affected pool to the
+``WorkQueue`` (``controller.workqueue``), which runs ``PoolReconciler.reconcile`` (a level-based
+reconcile) when ``controller.schedule`` says; kopf writes nothing of its own to our objects (no
 finalizers, no progress annotations: event handlers only, children are removed by
 ownerReferences and the garbage collector).
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,43 +25,14 @@ from lorapool.api.pods import engine_pod
 from lorapool.controller.kube import Kube
 from lorapool.controller.leader import LeaseElector
 from lorapool.controller.reconcile import PoolReconciler, Settings
+from lorapool.controller.schedule import QueueSettings
 from lorapool.controller.triggers import Mark, object_mark, pod_mark
+from lorapool.controller.workqueue import WorkQueue
 from lorapool.kubeconfig import api_client
 from lorapool.render.names import POOL_LABEL
 from lorapool.sources.config import ConfigCache, fetch_adapter_config
 
 log = logging.getLogger("lorapool.operator")
-
-# Engine pod events (each sidecar report is one: a PATCH of its Pod's status) trigger at most one
-# reconcile of their pool per window: the first at once, the rest folded into one at the window's
-# end. Reports change at most every 2 s per replica (the sidecar's --report-interval-seconds), so
-# with 16 replicas loading, pods alone would ask for 8 reconciles a second.
-POD_EVENT_WINDOW_S = 2.0
-
-
-class Coalescer:
-    """At most one ``trigger(key)`` per key per ``window_s``: the first now, later ones once at the window's end."""
-
-    def __init__(self, trigger: Callable[[str, str], None], window_s: float) -> None:
-        self.trigger, self.window_s = trigger, window_s
-        self._last: dict[tuple[str, str], float] = {}
-        self._pending: dict[tuple[str, str], asyncio.TimerHandle] = {}
-
-    def request(self, namespace: str, name: str) -> None:
-        key = (namespace, name)
-        if key in self._pending:
-            return  # already folded into the window's trailing trigger
-        loop = asyncio.get_running_loop()
-        wait_s = self._last.get(key, float("-inf")) + self.window_s - loop.time()
-        if wait_s <= 0:
-            self._fire(key)
-        else:
-            self._pending[key] = loop.call_later(wait_s, self._fire, key)
-
-    def _fire(self, key: tuple[str, str]) -> None:
-        self._pending.pop(key, None)
-        self._last[key] = asyncio.get_running_loop().time()
-        self.trigger(*key)
 
 
 @dataclass(frozen=True)
@@ -104,14 +76,14 @@ def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.scanning.disabled = True  # resources are known; no need to list CRDs (least privilege)
 
 
-def build_registry(reconciler: PoolReconciler) -> kopf.OperatorRegistry:
-    """kopf handlers: login and settings, then watches that only trigger a reconcile of the affected pool."""
+def build_registry(queue: WorkQueue) -> kopf.OperatorRegistry:
+    """kopf handlers: login and settings, then watches that only queue the affected pool."""
     registry = kopf.OperatorRegistry()
     kopf.on.login(registry=registry)(_login)
     kopf.on.startup(registry=registry)(_configure)
-    _watch_pools(registry, reconciler)
-    _watch_adapters(registry, reconciler)
-    _watch_children(registry, reconciler)
+    _watch_pools(registry, queue)
+    _watch_adapters(registry, queue)
+    _watch_children(registry, queue)
     return registry
 
 
@@ -122,7 +94,7 @@ def _namespace(namespace: str | None) -> str:
     return namespace
 
 
-def _watch_pools(registry: kopf.OperatorRegistry, reconciler: PoolReconciler) -> None:
+def _watch_pools(registry: kopf.OperatorRegistry, queue: WorkQueue) -> None:
     """A LoRAPool's own change reconciles it; the echo of our status write does not."""
     seen_pools: dict[tuple[str, str], Mark] = {}  # pool -> what of it last triggered a reconcile
 
@@ -130,7 +102,7 @@ def _watch_pools(registry: kopf.OperatorRegistry, reconciler: PoolReconciler) ->
     async def pool_event(type: str | None, namespace: str | None, name: str, meta: kopf.Meta, **_: Any) -> None:
         key = (_namespace(namespace), name)
         if type == "DELETED":
-            reconciler.known.discard(key)
+            queue.forget(*key)
             seen_pools.pop(key, None)
             return
         # A change of status alone is the echo of our own write: reconciling again would only
@@ -140,10 +112,10 @@ def _watch_pools(registry: kopf.OperatorRegistry, reconciler: PoolReconciler) ->
         if seen_pools.get(key) == mark:
             return
         seen_pools[key] = mark
-        reconciler.trigger(*key)
+        queue.add(*key)
 
 
-def _watch_adapters(registry: kopf.OperatorRegistry, reconciler: PoolReconciler) -> None:
+def _watch_adapters(registry: kopf.OperatorRegistry, queue: WorkQueue) -> None:
     """A LoRAAdapter's change reconciles the pool it points at, and the pool it left."""
     adapter_pools: dict[tuple[str, str], str] = {}  # LoRAAdapter -> the pool it last pointed at
     seen_adapters: dict[tuple[str, str], Mark] = {}  # LoRAAdapter -> what of it last triggered a reconcile
@@ -164,23 +136,22 @@ def _watch_adapters(registry: kopf.OperatorRegistry, reconciler: PoolReconciler)
             seen_adapters.pop((ns, name), None)
         previous = adapter_pools.get((ns, name))
         if previous and previous != pool:
-            reconciler.trigger(ns, previous)  # it left that pool
+            queue.add(ns, previous)  # it left that pool
         if type == "DELETED":
             adapter_pools.pop((ns, name), None)
         elif pool:
             adapter_pools[(ns, name)] = pool
         if pool:
-            reconciler.trigger(ns, pool)
+            queue.add(ns, pool)
 
 
-def _watch_children(registry: kopf.OperatorRegistry, reconciler: PoolReconciler) -> None:
-    """A child Deployment's change reconciles its pool; engine Pods do, coalesced, when what the reconcile reads moved."""
-    pods = Coalescer(reconciler.trigger, POD_EVENT_WINDOW_S)
+def _watch_children(registry: kopf.OperatorRegistry, queue: WorkQueue) -> None:
+    """A child Deployment's change reconciles its pool; engine Pods do, windowed, when what the reconcile reads moved."""
     seen_pods: dict[tuple[str, str], Mark] = {}  # engine Pod -> what of it last triggered (triggers.pod_mark)
 
     @kopf.on.event("apps", "v1", "deployments", labels={POOL_LABEL: kopf.PRESENT}, registry=registry)
     async def child_event(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
-        reconciler.trigger(_namespace(namespace), labels[POOL_LABEL])
+        queue.add(_namespace(namespace), labels[POOL_LABEL])
 
     @kopf.on.event(
         "", "v1", "pods", labels={POOL_LABEL: kopf.PRESENT, "app.kubernetes.io/component": "engine"}, registry=registry
@@ -197,7 +168,14 @@ def _watch_children(registry: kopf.OperatorRegistry, reconciler: PoolReconciler)
             if seen_pods.get(key) == mark:
                 return
             seen_pods[key] = mark
-        pods.request(key[0], labels[POOL_LABEL])
+        queue.add_windowed(key[0], labels[POOL_LABEL])  # at most once per QueueSettings.window_s
+
+
+def _stop_if_failed(task: asyncio.Task[None], stop: asyncio.Event) -> None:
+    """A queue loop that died reconciles nothing more: stop the operator (its Pod restarts it)."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("Stopped the reconcile queue: %r; stopping the operator", exc)
+        stop.set()
 
 
 async def _serve_health(cfg: OperatorConfig, leading: asyncio.Event, kopf_ready: asyncio.Event) -> web.AppRunner:
@@ -250,13 +228,15 @@ async def run_operator(cfg: OperatorConfig) -> int:
         )
 
     reconciler = PoolReconciler(Kube(api, cfg.identity), fetch, cfg.settings)
+    queue = WorkQueue(reconciler.reconcile, QueueSettings(resync_s=cfg.resync_s))
     stop = asyncio.Event()
-    tasks = [asyncio.create_task(_resync(reconciler, cfg.resync_s), name="resync")]
+    tasks = [asyncio.create_task(queue.run(), name="queue")]
+    tasks[0].add_done_callback(lambda task: _stop_if_failed(task, stop))
     if elector is not None:
         tasks.append(asyncio.create_task(elector.keep(stop), name="lease"))
     try:
         await kopf.operator(
-            registry=build_registry(reconciler),
+            registry=build_registry(queue),
             standalone=True,  # no kopf peering: the Lease above decides who runs
             clusterwide=not cfg.namespaces,
             namespaces=list(cfg.namespaces),
@@ -269,12 +249,4 @@ async def run_operator(cfg: OperatorConfig) -> int:
         await health.cleanup()
         if elector is not None:
             await asyncio.to_thread(elector.release)
-    return 1 if stop.is_set() and elector is not None else 0
-
-
-async def _resync(reconciler: PoolReconciler, every_s: float) -> None:
-    """Drift correction: reconcile every known pool periodically, whatever changed."""
-    while True:
-        await asyncio.sleep(every_s)
-        for namespace, name in list(reconciler.known):
-            reconciler.trigger(namespace, name)
+    return 1 if stop.is_set() else 0  # the Lease lost, or the queue loop died

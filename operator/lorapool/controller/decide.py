@@ -22,7 +22,7 @@ from lorapool.api.peft import parse_adapter_config, same_base_model
 from lorapool.api.pods import EnginePod
 from lorapool.api.report import adapter_identity
 from lorapool.api.status import AdapterPhase, ConditionType, LoRAAdapterStatus
-from lorapool.controller.placement import Placement, decide_placement, observed_load, previous_k
+from lorapool.controller.holders import Placement, decide_placement, observed_load, previous_k
 from lorapool.controller.status import (
     CONVERGING_REASONS,
     FAILED_REASONS,
@@ -182,14 +182,14 @@ def decide(
     now: float = 0.0,
     tuned: int | None = None,
 ) -> Decision:
-    """Plan over the adapters not refused, place them (``controller.placement``), render the children.
+    """Plan over the adapters not refused, place them (``controller.holders``), render the children.
 
     ``verdicts`` are ``judge_adapter`` results in ``merged.adapters`` order. Every rank the
     planner sees either fits its max-lora-rank or makes the plan fail naming the adapter, so
     an adapter that reaches the rendered set always loads. ``pods`` (the engine pods, with their
     sidecars' reports: ``lorapool.api.pods.engine_pods``), ``routers`` (the router pods, with their request counts), the pool's last
     ``status`` and ``now`` (Unix seconds) feed placement.
-    ``tuned``: the --max-loras the sizing loop applies (``controller.sizing.tuned_max_loras``).
+    ``tuned``: the --max-loras the sizing loop applies (``controller.tuning.tuned_max_loras``).
     """
     rest = unmerged(merged, invalid)
     servable = [(a, v) for a, v in zip(merged.adapters, verdicts, strict=True) if v.phase != AdapterPhase.FAILED]

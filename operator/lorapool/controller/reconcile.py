@@ -4,7 +4,8 @@
 Called for every event on a pool, its LoRAAdapters, its Deployments and engine pods, and
 by the drift resync; it never branches on which event it was. Each step here is I/O only;
 every choice is made by the pure ``controller.decide`` and ``controller.status``.
-``PoolReconciler`` coalesces bursts of triggers into one run per pool at a time.
+When it runs is not its choice: ``controller.workqueue`` (over the pure ``controller.schedule``)
+coalesces triggers, retries failures with backoff and resyncs; ``reconcile`` returns a ``Result``.
 """
 
 from __future__ import annotations
@@ -16,16 +17,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import Counter, Histogram
-
 from lorapool.api.clock import rfc3339
 from lorapool.api.models import LoRAPool
 from lorapool.api.pods import EnginePod, engine_pods
 from lorapool.api.status import AdapterPhase, LoRAAdapterStatus, LoRAPoolStatus
-from lorapool.controller import decide, signals, sizing
+from lorapool.controller import decide, signals, tuning
 from lorapool.controller.decide import Decision, Event, Fetched
+from lorapool.controller.holders import assign_slots, pod_slots, slot_patches
 from lorapool.controller.kube import Kube
-from lorapool.controller.placement import assign_slots, pod_slots, pool_signals, slot_patches
+from lorapool.controller.schedule import DONE, Result
 from lorapool.controller.status import (
     NOWHERE,
     AdapterResult,
@@ -42,13 +42,6 @@ from lorapool.render import names
 from lorapool.render.manifests import RenderOptions
 
 log = logging.getLogger("lorapool.operator")
-
-RECONCILES = Counter("lorapool_operator_reconciles_total", "Pool reconciles", ["result"])
-DURATION = Histogram(
-    "lorapool_operator_reconcile_duration_seconds",
-    "Time to reconcile one pool",
-    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
-)
 
 ConfigFetcher = Callable[[str, str | None], Any]  # async (source, revision) -> adapter_config dict
 
@@ -74,56 +67,31 @@ async def fetch_adapter_metadata(adapter: PoolAdapter, fetch: ConfigFetcher, tim
 
 
 class PoolReconciler:
-    """Reconciles pools; thread-safe triggering, one run per pool at a time."""
+    """Reconciles one pool per ``reconcile`` call; ``controller.workqueue`` decides when, one run per pool at a time."""
 
     def __init__(self, kube: Kube, fetch: ConfigFetcher, settings: Settings) -> None:
         self.kube = kube
         self.fetch = fetch
         self.settings = settings
-        self._dirty: dict[tuple[str, str], bool] = {}
-        self._workers: dict[tuple[str, str], asyncio.Task[None]] = {}
-        self.known: set[tuple[str, str]] = set()
         self._placed: dict[tuple[str, str], Mapping[str, tuple[int, ...]] | None] = {}  # last holders per pool
-
-    def trigger(self, namespace: str, name: str) -> None:
-        """Ask for a reconcile of one pool; bursts coalesce into one run after the current one."""
-        key = (namespace, name)
-        self.known.add(key)
-        self._dirty[key] = True
-        if key not in self._workers or self._workers[key].done():
-            self._workers[key] = asyncio.create_task(self._work(key), name=f"reconcile {namespace}/{name}")
-
-    async def _work(self, key: tuple[str, str]) -> None:
-        while self._dirty.get(key):
-            self._dirty[key] = False
-            started = time.monotonic()
-            try:
-                await self.reconcile(*key)
-                RECONCILES.labels("ok").inc()
-            except Exception:  # a reconcile must never kill the operator; the resync retries
-                RECONCILES.labels("error").inc()
-                log.exception("Failed to reconcile LoRAPool", extra={"pool": "/".join(key)})
-                await asyncio.sleep(2)
-                self._dirty[key] = True
-            finally:
-                DURATION.observe(time.monotonic() - started)
 
     async def _io(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(fn, *args, **kwargs)
 
-    async def reconcile(self, namespace: str, name: str) -> None:
+    async def reconcile(self, namespace: str, name: str) -> Result:
         """One pass, in steps; each step's name says what it does. The clock is read once, here:
-        every step of the pass (placement, sizing, the conditions' transition times) sees one ``now``."""
+        every step of the pass (placement, sizing, the conditions' transition times) sees one ``now``.
+        Returns what the queue should do next: forget a deleted pool, run again after a sizing change."""
         now = time.time()
         # 1. load
         body = await self._io(self.kube.get, "LoRAPool", namespace, name)
         if body is None:
             await self._forget_deleted_pool(namespace, name, now)
-            return  # deleted: ownerReferences let the garbage collector remove the children
+            return Result(forget=True)  # deleted: ownerReferences let the garbage collector remove the children
         pool = decide.read_pool(body)
         if not isinstance(pool, LoRAPool):
             await self._write_status(body, invalid_spec_status(pool, decide.generation(body)), now)
-            return
+            return DONE
         # 2. read adapters
         adapter_bodies = await self._io(self.kube.list, "LoRAAdapter", namespace)
         objects = decide.pool_adapters(adapter_bodies, name)
@@ -142,7 +110,7 @@ class PoolReconciler:
             routers=routers,
             status=body.get("status"),
             now=now,
-            tuned=sizing.tuned_max_loras(pool, body),
+            tuned=tuning.tuned_max_loras(pool, body),
         )
         # 4. apply
         await self._apply(pool, decision.objects)
@@ -154,13 +122,12 @@ class PoolReconciler:
         status, events = self._size(pool, body, decision, observed, pods, now)
         await self._write_status(body, status, now)
         await self._post(body, events)
-        if events:  # a change of status.sizing changes the plan: render it now, not at the next resync
-            self._dirty[(namespace, name)] = True
         await self._write_adapter_statuses(pool, adapter_bodies, observed, now)
+        # A change of status.sizing changes the plan: render it now, not at the next resync.
+        return Result(requeue=True) if events else DONE
 
     async def _forget_deleted_pool(self, namespace: str, name: str, now: float) -> None:
         """The pool is gone: drop what this process remembers of it and tell its LoRAAdapters."""
-        self.known.discard((namespace, name))
         self._placed.pop((namespace, name), None)
         signals.forget(namespace, name)
         await self._write_orphan_statuses(namespace, name, now)
@@ -185,14 +152,14 @@ class PoolReconciler:
         now: float,
     ) -> tuple[LoRAPoolStatus, tuple[Event, ...]]:
         """The pool's status with status.recommendation from the sidecars' reports and the opt-in
-        loop's change (``controller.sizing``), and the Events of that change."""
-        sized = sizing.size(
+        loop's change (``controller.tuning``), and the Events of that change."""
+        sized = tuning.size(
             pool,
             decision.plan,
-            sizing.current_sizing(body),
-            sizing.pod_windows(pods, now),
+            tuning.current_sizing(body),
+            tuning.pod_windows(pods, now),
             now,
-            serving=sizing.serving_pods(pods),
+            serving=tuning.serving_pods(pods),
         )
         status = pool_status(observed).model_copy(
             update={"recommendation": sized.recommendation, "sizing": sized.sizing}
@@ -226,7 +193,7 @@ class PoolReconciler:
     def _export_signals(self, pool: LoRAPool, pods: Sequence[EnginePod], decision: Decision) -> None:
         """The pool's autoscaling signals, and the loads a placement change asked for (per scale event)."""
         namespace, name = pool.metadata.namespace, pool.metadata.name
-        signals.export(namespace, name, pool_signals(pool, pods, decision.placement))
+        signals.export(namespace, name, signals.pool_signals(pool, pods, decision.placement))
         if decision.placement is None:
             return
         holders = decision.placement.holders

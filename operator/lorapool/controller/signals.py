@@ -1,8 +1,9 @@
-"""The pool-level autoscaling signals on the operator's /metrics (docs/autoscaling.md). Thin shell.
+"""The pool-level autoscaling signals on the operator's /metrics (docs/autoscaling.md).
 
-``controller.placement.pool_signals`` computes them (pure) each reconcile; this module holds the
-gauges an HPA (through prometheus-adapter) or KEDA reads, one series per pool, and the counter of
-adapter loads placement asked for (the cost of each scale event). The metric names are checked
+``pool_signals`` computes them (pure) each reconcile from the sidecars' reports and the placement;
+``export`` (a thin shell) sets the gauges an HPA (through prometheus-adapter) or KEDA reads, one
+series per pool; ``count_loads`` adds to the counter of adapter loads placement asked for (the cost
+of each scale event). The metric names are checked
 against the shipped HPA/KEDA examples by tests/controller/test_signals.py.
 """
 
@@ -10,10 +11,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from prometheus_client import Counter, Gauge
 
-from lorapool.controller.placement import PoolSignals
+from lorapool.api.models import LoRAPool
+from lorapool.api.pods import EnginePod
+from lorapool.controller.holders import Placement
 from lorapool.plan.placement import moves
 
 LABELS = ("namespace", "pool")
@@ -42,6 +46,46 @@ PLACEMENT_LOADS = Counter(
 NAMES = tuple(
     m._name for m in (REPLICAS, REPORTING, SLOT_PRESSURE, ADAPTERS_WAITING, ADAPTERS_UNPLACED, PLACEMENT_LOADS)
 )
+
+
+@dataclass(frozen=True)
+class PoolSignals:
+    """What an HPA or KEDA should scale the pool on, from the sidecars' last windows. Pure data.
+
+    ``slot_pressure``: mean over reporting replicas of p95 distinct adapters in flight / max-loras
+    (> 1: adapters wait for GPU slots); ``adapters_waiting``: adapters whose requests waited for a
+    slot in the last window, plus those placed nowhere; ``adapters_unplaced``: no replica has room.
+    """
+
+    replicas: int
+    reporting_replicas: int
+    slot_pressure: float
+    adapters_waiting: int
+    adapters_unplaced: int
+
+
+def pool_signals(pool: LoRAPool, pods: Sequence[EnginePod], placement: Placement | None) -> PoolSignals:
+    pressures: list[float] = []
+    waiting: set[str] = set()
+    for pod in pods:
+        if pod.terminating:
+            continue
+        obs = pod.report.observations if pod.report else None
+        if obs is None:
+            continue
+        if obs.max_loras:
+            pressures.append(obs.distinct_p95 / obs.max_loras)
+        waiting |= {name for name, load in obs.adapters.items() if load.waiting_s > 0}
+    unplaced = (
+        set() if placement is None or placement.holders is None else {a for a, h in placement.holders.items() if not h}
+    )
+    return PoolSignals(
+        replicas=pool.spec.replicas,
+        reporting_replicas=len(pressures),
+        slot_pressure=round(sum(pressures) / len(pressures), 3) if pressures else 0.0,
+        adapters_waiting=len(waiting | unplaced),
+        adapters_unplaced=len(unplaced),
+    )
 
 
 def export(namespace: str, pool: str, signals: PoolSignals) -> None:

@@ -30,7 +30,7 @@ from lorapool.api.status import (
     PlanStatus,
     condition,
 )
-from lorapool.controller.placement import Placement
+from lorapool.controller.holders import Placement
 
 READY, PROGRESSING, DEGRADED = ConditionType.READY, ConditionType.PROGRESSING, ConditionType.DEGRADED
 ACCEPTED = ConditionType.ACCEPTED
@@ -118,7 +118,7 @@ class Observed:
     endpoint: str
     selector: str
     presence: Mapping[str, Presence] = field(default_factory=dict)  # adapter name -> what the engines hold
-    placement: Placement | None = None  # where each adapter lives (controller.placement)
+    placement: Placement | None = None  # where each adapter lives (controller.holders)
 
     def of(self, name: str) -> Presence:
         return self.presence.get(name, NOWHERE)

@@ -1,4 +1,5 @@
-"""The reconcile's placement step: replica slots, each adapter's k, its holders. Pure.
+"""Who holds each adapter: the reconcile's placement step (replica slots, each adapter's k, its
+holders) over the cluster's pods, status and load. Pure.
 
 Called by ``controller.reconcile`` between reading the adapters and rendering; the placement
 itself is ``lorapool.plan.placement`` (the same code the benchmark runs). Here it meets the
@@ -293,46 +294,3 @@ def decide_placement(
 def _kept(previous: KState | None, k: int, now: float) -> KState:
     """A fixed k, keeping its timestamp while it does not change."""
     return previous if previous is not None and previous.k == k else KState(k, now)
-
-
-# --- pool-level autoscaling signals (docs/autoscaling.md) --------------------------------------
-
-
-@dataclass(frozen=True)
-class PoolSignals:
-    """What an HPA or KEDA should scale the pool on, from the sidecars' last windows. Pure data.
-
-    ``slot_pressure``: mean over reporting replicas of p95 distinct adapters in flight / max-loras
-    (> 1: adapters wait for GPU slots); ``adapters_waiting``: adapters whose requests waited for a
-    slot in the last window, plus those placed nowhere; ``adapters_unplaced``: no replica has room.
-    """
-
-    replicas: int
-    reporting_replicas: int
-    slot_pressure: float
-    adapters_waiting: int
-    adapters_unplaced: int
-
-
-def pool_signals(pool: LoRAPool, pods: Sequence[EnginePod], placement: Placement | None) -> PoolSignals:
-    pressures: list[float] = []
-    waiting: set[str] = set()
-    for pod in pods:
-        if pod.terminating:
-            continue
-        obs = pod.report.observations if pod.report else None
-        if obs is None:
-            continue
-        if obs.max_loras:
-            pressures.append(obs.distinct_p95 / obs.max_loras)
-        waiting |= {name for name, load in obs.adapters.items() if load.waiting_s > 0}
-    unplaced = (
-        set() if placement is None or placement.holders is None else {a for a, h in placement.holders.items() if not h}
-    )
-    return PoolSignals(
-        replicas=pool.spec.replicas,
-        reporting_replicas=len(pressures),
-        slot_pressure=round(sum(pressures) / len(pressures), 3) if pressures else 0.0,
-        adapters_waiting=len(waiting | unplaced),
-        adapters_unplaced=len(unplaced),
-    )

@@ -14,7 +14,7 @@ from lorapool.api.models import LoRAPool
 from lorapool.api.pods import engine_pods
 from lorapool.api.report import ANNOTATION, Observations, ReplicaReport, encode
 from lorapool.api.status import SizingStatus
-from lorapool.controller.sizing import (
+from lorapool.controller.tuning import (
     KEPT,
     ROLLED_BACK,
     WATCHING,

@@ -19,7 +19,7 @@ from lorapool.api.requests import RequestWindow
 from lorapool.api.requests import encode as encode_requests
 from lorapool.api.status import PlacementMode
 from lorapool.controller import decide
-from lorapool.controller.placement import (
+from lorapool.controller.holders import (
     PodSlot,
     assign_slots,
     decide_placement,
