@@ -504,15 +504,19 @@ def engine_role(pool: LoRAPool) -> Obj:
     }
 
 
-def engine_rolebinding(pool: LoRAPool) -> Obj:
-    name = names.engine_service_account(pool.metadata.name)
+def _own_binding(pool: LoRAPool, name: str, component: str) -> Obj:
+    """The RoleBinding of a component's Role to its ServiceAccount (all three share ``name``)."""
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
-        "metadata": _meta(pool, name, "engine"),
+        "metadata": _meta(pool, name, component),
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": pool.metadata.namespace}],
     }
+
+
+def engine_rolebinding(pool: LoRAPool) -> Obj:
+    return _own_binding(pool, names.engine_service_account(pool.metadata.name), "engine")
 
 
 def router_serviceaccount(pool: LoRAPool) -> Obj:
@@ -540,14 +544,7 @@ def router_role(pool: LoRAPool) -> Obj:
 
 
 def router_rolebinding(pool: LoRAPool) -> Obj:
-    name = names.router(pool.metadata.name)
-    return {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": _meta(pool, name, "router"),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": pool.metadata.namespace}],
-    }
+    return _own_binding(pool, names.router(pool.metadata.name), "router")
 
 
 def router_service(pool: LoRAPool) -> Obj:
