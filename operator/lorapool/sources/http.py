@@ -150,28 +150,22 @@ class HttpSource:
                     deadline=deadline,
                 )
             ).bytes
-            try:
-                sink = await self._get(
-                    session,
-                    self.file_url(SAFETENSORS_FILE),
-                    tree / SAFETENSORS_FILE,
-                    limit=limits.max_bytes - total,
-                    deadline=deadline,
-                )
-            except _NotFound:
-                (tree / SAFETENSORS_FILE).unlink(missing_ok=True)
+            for weights in (SAFETENSORS_FILE, BIN_FILE):  # PEFT's file, else the older torch one
                 try:
                     sink = await self._get(
                         session,
-                        self.file_url(BIN_FILE),
-                        tree / BIN_FILE,
+                        self.file_url(weights),
+                        tree / weights,
                         limit=limits.max_bytes - total,
                         deadline=deadline,
                     )
+                    break
                 except _NotFound:
-                    raise _NotFound(
-                        f"{self.describe()}: "
-                        f"neither {SAFETENSORS_FILE} nor {BIN_FILE} found under the URL; "
-                        "publish the adapter weights there"
-                    ) from None
+                    (tree / weights).unlink(missing_ok=True)
+            else:
+                raise _NotFound(
+                    f"{self.describe()}: "
+                    f"neither {SAFETENSORS_FILE} nor {BIN_FILE} found under the URL; "
+                    "publish the adapter weights there"
+                )
             return Downloaded(root=tree, bytes=total + sink.bytes)
