@@ -49,7 +49,7 @@ from bench.scenarios import LORAPOOL_AFFINITY, LORAPOOL_PLACEMENT
 from bench.systems import FleetSpec, System, started_in_parallel
 from lorapool.api import requests as router_requests
 from lorapool.api.models import LoRAPool
-from lorapool.api.pods import engine_pods
+from lorapool.api.pods import engine_pods, router_pods
 from lorapool.api.report import ANNOTATION, Observations, ReplicaReport, encode
 from lorapool.api.requests import RequestWindow
 from lorapool.controller.holders import decide_placement, observed_load, scaling_rule
@@ -167,7 +167,7 @@ def requests_in_simulated_time(w: RequestWindow, wall_t0: float, scale: float) -
     return dataclasses.replace(w, window_s=w.window_s / scale, end=(w.end - wall_t0) / scale)
 
 
-def router_pods(window: RequestWindow | None) -> list[dict[str, Any]]:
+def router_pod_list(window: RequestWindow | None) -> list[dict[str, Any]]:
     """The router's Pod carrying its last closed window, as the router writes it and the operator reads it."""
     if window is None:
         return []
@@ -188,7 +188,7 @@ def decide(
 
     Returns holders by replica identity ("0".."N-1") and each adapter's k. Pure.
     """
-    load = observed_load(engine_pods(report_pods(observations)), router_pods(requests), now_s)
+    load = observed_load(engine_pods(report_pods(observations)), router_pods(router_pod_list(requests)), now_s)
     capacity = pool.spec.lora.max_cpu_loras
     if not isinstance(capacity, int):
         raise ValueError(f"spec.lora.maxCpuLoras={capacity!r}: the benchmark's pool needs a number")

@@ -6,8 +6,19 @@ from typing import Any
 
 import pytest
 
-from lorapool.api.pods import POD_DELETION_COST_ANNOTATION, SLOT_ANNOTATION, EnginePod, engine_pod, engine_pods
+from lorapool.api.pods import (
+    POD_DELETION_COST_ANNOTATION,
+    SLOT_ANNOTATION,
+    EnginePod,
+    RouterPod,
+    engine_pod,
+    engine_pods,
+    router_pods,
+)
 from lorapool.api.report import ANNOTATION, AdapterReport, ReplicaPhase, ReplicaReport, encode
+from lorapool.api.requests import ANNOTATION as REQUESTS
+from lorapool.api.requests import RequestWindow
+from lorapool.api.requests import encode as encode_requests
 
 REPORT = ReplicaReport(True, {"sql": AdapterReport(ReplicaPhase.LOADED, "a" * 16, "a" * 16)})
 
@@ -66,4 +77,24 @@ def test_engine_pods_keep_a_pod_read_earlier_at_the_same_resource_version() -> N
         again[0] is first[0]
         and again[1] is not first[0]
         and again[1] == EnginePod(**{**first[0].__dict__, "resource_version": "8"})
+    )
+
+
+def test_router_pods_decode_each_window_once_and_say_which_are_going() -> None:
+    window = RequestWindow(window_s=10.0, end=1000.0, counts={"a": 5}, other=0)
+    items = [
+        {"metadata": {"name": "r-0", "annotations": {REQUESTS: encode_requests(window)}}},
+        {
+            "metadata": {
+                "name": "r-1",
+                "annotations": {REQUESTS: '{"v": 9}'},
+                "deletionTimestamp": "2026-12-03T00:00:00Z",
+            }
+        },
+        {"metadata": {"name": "r-2"}},
+    ]
+    assert router_pods(items) == (
+        RouterPod("r-0", terminating=False, requests=window),
+        RouterPod("r-1", terminating=True, requests=None),  # unreadable: no window, not an error
+        RouterPod("r-2"),
     )

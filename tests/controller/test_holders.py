@@ -11,7 +11,7 @@ import pytest
 from lorapool.api.clock import rfc3339
 from lorapool.api.load import parse_object
 from lorapool.api.models import LoRAPool
-from lorapool.api.pods import EnginePod, engine_pod, engine_pods
+from lorapool.api.pods import EnginePod, RouterPod, engine_pod, engine_pods, router_pod
 from lorapool.api.report import AdapterLoad as ReplicaLoad
 from lorapool.api.report import Observations, ReplicaReport, encode
 from lorapool.api.requests import ANNOTATION as REQUESTS
@@ -260,7 +260,7 @@ def test_auto_k_expands_again_on_the_next_window_measured_after_the_change_not_a
 # --- request rates from the router pods ------------------------------------------------------
 
 
-def router(name: str, w: RequestWindow | None, terminating: bool = False, raw: str | None = None) -> dict[str, Any]:
+def router(name: str, w: RequestWindow | None, terminating: bool = False, raw: str | None = None) -> RouterPod:
     """A router Pod as the API server returns it, with its last closed window (``lorapool.io/requests``)."""
     meta: dict[str, Any] = {"name": name, "annotations": {}}
     if w is not None:
@@ -269,7 +269,7 @@ def router(name: str, w: RequestWindow | None, terminating: bool = False, raw: s
         meta["annotations"][REQUESTS] = raw
     if terminating:
         meta["deletionTimestamp"] = "2026-12-03T00:00:00Z"
-    return {"metadata": meta}
+    return router_pod({"metadata": meta})
 
 
 def window(end: float, counts: dict[str, int], other: int = 0, window_s: float = 10.0) -> RequestWindow:
@@ -303,7 +303,7 @@ def window(end: float, counts: dict[str, int], other: int = 0, window_s: float =
         pytest.param([router("r0", window(980.0, {"a": 50}))], ({"a": 5.0}, 5.0), id="two-windows-old-is-fresh"),
     ],
 )  # fmt: skip
-def test_request_rates(routers: list[dict[str, Any]], want: tuple[dict[str, float], float] | None) -> None:
+def test_request_rates(routers: list[RouterPod], want: tuple[dict[str, float], float] | None) -> None:
     assert request_rates(routers, now=1000.0) == want
 
 

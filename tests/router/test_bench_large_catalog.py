@@ -27,7 +27,7 @@ from bench.large_catalog import (  # noqa: E402
     in_simulated_time,
     popularity_shift,
     requests_in_simulated_time,
-    router_pods,
+    router_pod_list,
     shifted_schedule,
 )
 from bench.large_catalog_report import section  # noqa: E402
@@ -136,7 +136,7 @@ def test_decide_sizes_k_from_the_routers_request_counts_as_the_operator_does() -
     at 40 req/s (a mean replica's share 10), an adapter with 6 req/s needs ceil(6 / 2.5) = 3 holders at once."""
     hot = NAMES[7]
     window = RequestWindow(window_s=2.0, end=9.5, counts={hot: 12, NAMES[1]: 4}, other=64)
-    assert pod_requests(router_pods(window)[0]) == window and router_pods(None) == []
+    assert pod_requests(router_pod_list(window)[0]) == window and router_pod_list(None) == []
     holders, ks = decide(POOL, NAMES, SETTLED, {}, now_s=10.0, requests=window)
     assert ks[hot] == KState(3, 10.0) and len(holders[hot]) == 3
     assert ks[NAMES[1]].k == 1

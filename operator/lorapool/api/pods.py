@@ -1,12 +1,13 @@
-"""An engine Pod as lorapool reads it, parsed once. Pure data.
+"""Engine and router Pods as lorapool reads them, each parsed once. Pure data.
 
 ``engine_pods`` turns the Pods the API server lists (camelCase dicts) into ``EnginePod`` values:
 name, readiness, whether it is terminating, its placement slot, the conditions and its
 sidecar's report (``lorapool.api.report``), decoded here and nowhere else. The operator builds
-them once per list in a reconcile and hands them to ``controller.decide``, ``.placement`` and
-``.sizing``; ``controller.triggers`` reads one per watch event; the router keeps one per pod
+them once per list in a reconcile and hands them to ``controller.decide``, ``.holders`` and
+``.tuning``; ``controller.triggers`` reads one per watch event; the router keeps one per pod
 from its watch (``router.core.reports``). "Is this pod serving" has its one home here
-(``EnginePod.serving``).
+(``EnginePod.serving``). ``router_pods`` does the same for the router Pods whose request
+counts (``lorapool.api.requests``) placement sizes k from.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lorapool.api.report import ANNOTATION, ReplicaReport, pod_report
+from lorapool.api.requests import RequestWindow, pod_requests
 
 # The engine pod's annotations the operator writes (re-exported by ``lorapool.render.names``):
 # its stable placement slot, and the deletion cost that makes a scale-down remove the top slot.
@@ -125,3 +127,24 @@ def engine_pods(items: Iterable[Mapping[str, Any]], known: Iterable[EnginePod] =
         same = earlier.get((str(meta.get("name") or ""), _text(meta.get("resourceVersion"))))
         out.append(same if same is not None else engine_pod(item))
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class RouterPod:
+    """What the operator reads of one router Pod: its last closed window of request counts
+    (``lorapool.api.requests``), decoded here once per list, and whether it is being deleted."""
+
+    name: str
+    terminating: bool = False
+    requests: RequestWindow | None = None  # None: none written yet (an old router) or unreadable
+
+
+def router_pod(pod: Mapping[str, Any]) -> RouterPod:
+    """Read one router Pod as the API server returns it (camelCase dict)."""
+    meta = pod.get("metadata") or {}
+    return RouterPod(name=str(meta.get("name") or ""), terminating=terminating(pod), requests=pod_requests(pod))
+
+
+def router_pods(items: Iterable[Mapping[str, Any]]) -> tuple[RouterPod, ...]:
+    """The listed router Pods as ``RouterPod`` values, in list order."""
+    return tuple(router_pod(item) for item in items)

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from lorapool.api.load import describe
 from lorapool.api.models import LoRAAdapter, LoRAPool
 from lorapool.api.peft import parse_adapter_config, same_base_model
-from lorapool.api.pods import EnginePod
+from lorapool.api.pods import EnginePod, RouterPod
 from lorapool.api.report import adapter_identity
 from lorapool.api.status import AdapterPhase, ConditionType, LoRAAdapterStatus
 from lorapool.controller.holders import Placement, decide_placement, observed_load, previous_k
@@ -177,7 +177,7 @@ def decide(
     options: RenderOptions,
     *,
     pods: Sequence[EnginePod] = (),
-    routers: Sequence[Mapping[str, Any]] = (),
+    routers: Sequence[RouterPod] = (),
     status: Mapping[str, Any] | None = None,
     now: float = 0.0,
     tuned: int | None = None,
@@ -187,7 +187,7 @@ def decide(
     ``verdicts`` are ``judge_adapter`` results in ``merged.adapters`` order. Every rank the
     planner sees either fits its max-lora-rank or makes the plan fail naming the adapter, so
     an adapter that reaches the rendered set always loads. ``pods`` (the engine pods, with their
-    sidecars' reports: ``lorapool.api.pods.engine_pods``), ``routers`` (the router pods, with their request counts), the pool's last
+    sidecars' reports: ``lorapool.api.pods.engine_pods``), ``routers`` (the router pods, with their request counts: ``router_pods``), the pool's last
     ``status`` and ``now`` (Unix seconds) feed placement.
     ``tuned``: the --max-loras the sizing loop applies (``controller.tuning.tuned_max_loras``).
     """

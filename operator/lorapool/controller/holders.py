@@ -27,8 +27,7 @@ from typing import Any
 
 from lorapool.api.clock import unix
 from lorapool.api.models import ALL, AUTO, LoRAPool
-from lorapool.api.pods import EnginePod, terminating
-from lorapool.api.requests import pod_requests
+from lorapool.api.pods import EnginePod, RouterPod
 from lorapool.api.status import PlacementMode, PlacementStatus
 from lorapool.plan.placement import AdapterLoad, KState, ScalingRule, clip_k, next_k, place
 from lorapool.render import names
@@ -116,7 +115,7 @@ def slot_patches(pods: Sequence[PodSlot], assigned: Mapping[str, int | None]) ->
 # --- load and memory -------------------------------------------------------------------------
 
 
-def request_rates(routers: Sequence[Mapping[str, Any]], now: float) -> tuple[dict[str, float], float] | None:
+def request_rates(routers: Sequence[RouterPod], now: float) -> tuple[dict[str, float], float] | None:
     """Each adapter's request rate and the pool's, summed over the router pods' fresh windows
     (``lorapool.io/requests``); None when no router pod has one (none yet, an old router).
 
@@ -126,9 +125,9 @@ def request_rates(routers: Sequence[Mapping[str, Any]], now: float) -> tuple[dic
     rates: dict[str, float] = {}
     total, seen = 0.0, False
     for pod in routers:
-        if terminating(pod):
+        if pod.terminating:
             continue
-        w = pod_requests(pod)
+        w = pod.requests
         if w is None or now - w.end > RATE_FRESH_WINDOWS * w.window_s:
             continue
         seen = True
@@ -139,7 +138,7 @@ def request_rates(routers: Sequence[Mapping[str, Any]], now: float) -> tuple[dic
 
 
 def observed_load(
-    pods: Sequence[EnginePod], routers: Sequence[Mapping[str, Any]] = (), now: float = 0.0
+    pods: Sequence[EnginePod], routers: Sequence[RouterPod] = (), now: float = 0.0
 ) -> dict[str, AdapterLoad]:
     """Each adapter's load over the last window, summed over the live pods' reports, with its request
     rate and the pool's from the router pods' fresh windows (``request_rates``; ``now`` in Unix seconds).

@@ -19,7 +19,7 @@ from typing import Any
 
 from lorapool.api.clock import rfc3339
 from lorapool.api.models import LoRAPool
-from lorapool.api.pods import EnginePod, engine_pods
+from lorapool.api.pods import EnginePod, RouterPod, engine_pods, router_pods
 from lorapool.api.status import AdapterPhase, LoRAAdapterStatus, LoRAPoolStatus
 from lorapool.controller import decide, signals, tuning
 from lorapool.controller.decide import Decision, Event, Fetched
@@ -132,15 +132,15 @@ class PoolReconciler:
         signals.forget(namespace, name)
         await self._write_orphan_statuses(namespace, name, now)
 
-    async def _read_pods(self, pool: LoRAPool) -> tuple[tuple[EnginePod, ...], list[dict[str, Any]]]:
+    async def _read_pods(self, pool: LoRAPool) -> tuple[tuple[EnginePod, ...], tuple[RouterPod, ...]]:
         """The engine pods (their slots and their sidecars' load reports, decoded once here) and the
-        router pods (their request counts per adapter): both feed placement. Router pods trigger
+        router pods (their request counts per adapter, decoded once here too): both feed placement. Router pods trigger
         nothing (app.py watches engine pods only): their counts are read here, at the next
         reconcile or the resync."""
         namespace, name = pool.metadata.namespace, pool.metadata.name
         pods = await self._io(self.kube.list, "Pod", namespace, names.selector_string(name, "engine"))
         routers = await self._io(self.kube.list, "Pod", namespace, names.selector_string(name, "router"))
-        return engine_pods(pods), routers
+        return engine_pods(pods), router_pods(routers)
 
     @staticmethod
     def _size(
