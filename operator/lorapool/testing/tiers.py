@@ -53,6 +53,7 @@ TIERS = (
     Tier("pytest overhead", "collection, interpreter start-up, time between tests", 120, 120),
 )
 BY_NAME = {t.name: t for t in TIERS}
+WIDTH = max(len(f"{t.name} (cold)") for t in TIERS)  # the tier column, so every row lines up
 TOTAL_COLD_S = 3600.0  # what a cold .ci/run may take in all (CI's limit is 5400)
 TOTAL_WARM_S = 2400.0
 
@@ -93,18 +94,18 @@ def verdict(m: Measured) -> str:
 def table(measured: Iterable[Measured]) -> list[str]:
     """The lines ``make test`` ends with: each tier's time, budget and verdict, then the total."""
     rows = list(measured)
-    lines = ["", "CI tiers (budgets: lorapool.testing.tiers)", f"{'tier':<21} {'time':>8} {'budget':>8}  verdict"]
+    lines = ["", "CI tiers (budgets: lorapool.testing.tiers)", f"{'tier':<{WIDTH}} {'time':>8} {'budget':>8}  verdict"]
     for m in rows:
         tier = BY_NAME.get(m.tier)
         budget = "-" if tier is None else f"{tier.cold_s if m.cold else tier.warm_s:.0f} s"
         name = f"{m.tier} (cold)" if m.cold else m.tier
         detail = f"  [{m.detail}]" if m.detail else ""
-        lines.append(f"{name:<21} {m.seconds:>6.0f} s {budget:>8}  {verdict(m)}{detail}")
+        lines.append(f"{name:<{WIDTH}} {m.seconds:>6.0f} s {budget:>8}  {verdict(m)}{detail}")
     total = sum(m.seconds for m in rows)
     cold = any(m.cold for m in rows)
     limit = TOTAL_COLD_S if cold else TOTAL_WARM_S
     state = "ok" if total <= limit else f"OVER BUDGET by {total - limit:.0f} s"
-    lines.append(f"{'total (cold)' if cold else 'total':<21} {total:>6.0f} s {limit:>6.0f} s  {state}")
+    lines.append(f"{'total (cold)' if cold else 'total':<{WIDTH}} {total:>6.0f} s {limit:>6.0f} s  {state}")
     return lines
 
 
