@@ -37,7 +37,7 @@ from lorapool.render import names
 from lorapool.sidecar.core import AdapterState, Phase, identity_of
 from lorapool.sidecar.podreport import replica_report, synced_condition
 from lorapool.sidecar.reporter import Reporter
-from lorapool.testing.wait import wait_until
+from lorapool.testing.wait import wait_until, wait_until_async
 from tests.controller.conftest import OperatorProcess
 from tests.controller.test_operator import adapter_dir, apply, get, pool_doc
 
@@ -143,15 +143,21 @@ def test_report_writes_coalesce_into_few_reconciles(
         """The state the test asserts, not a moment that usually follows it: the pool's status shows
         every adapter loaded on every replica, then the reconcile counter stays still for a pod-event
         window (a reconcile still running or queued would otherwise be counted as idle)."""
-        deadline = time.monotonic() + 120
-        while not await asyncio.to_thread(every_adapter_loaded):
-            assert time.monotonic() < deadline, "the pool's status never showed every adapter on every replica"
-            await asyncio.sleep(1.0)
-        last = -1.0
-        while (n := await asyncio.to_thread(reconciles)) != last:
-            assert time.monotonic() < deadline, "the operator kept reconciling after the last report"
-            last = n
-            await asyncio.sleep(POD_WINDOW_S + 1.0)
+        await wait_until_async(
+            "every adapter on every replica in the pool's status",
+            lambda: asyncio.to_thread(every_adapter_loaded),
+            120,
+            interval_s=1.0,
+            max_interval_s=1.0,
+        )
+        still = POD_WINDOW_S + 1.0
+        await wait_until_async(
+            "the operator to go quiet after the last report",
+            lambda: asyncio.to_thread(quiet),
+            120,
+            interval_s=still,
+            max_interval_s=still,
+        )
 
     async def run() -> None:
         stop = asyncio.Event()

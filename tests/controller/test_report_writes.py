@@ -26,7 +26,7 @@ from lorapool.podstatus import PodRef, api_server
 from lorapool.sidecar.core import AdapterState, Phase, identity_of
 from lorapool.sidecar.podreport import replica_report, synced_condition
 from lorapool.sidecar.reporter import Reporter
-from lorapool.testing.wait import wait_until
+from lorapool.testing.wait import wait_until, wait_until_async
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
@@ -108,10 +108,10 @@ def test_report_writes_per_minute_for_1000_adapters_on_16_replicas(
                 e.tick()
             await asyncio.sleep(TICK_S)
         # The last changes went out (the state the idle count assumes), not a moment that usually follows.
-        deadline = time.monotonic() + 60
-        while not all(r.up_to_date() for r in reporters):
-            assert time.monotonic() < deadline, [r.last_error for r in reporters]
-            await asyncio.sleep(0.2)
+        await wait_until_async(
+            "every report sent", lambda: all(r.up_to_date() for r in reporters), 60,
+            describe=lambda: [r.last_error for r in reporters],
+        )  # fmt: skip
         marks["loaded"], marks["loaded_api"] = (
             time.monotonic(),
             await asyncio.to_thread(pod_status_patches, local_cluster),

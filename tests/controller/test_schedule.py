@@ -11,6 +11,7 @@ import pytest
 from lorapool.controller import schedule
 from lorapool.controller.schedule import DONE, QueueSettings, Result, Schedule, backoff_s
 from lorapool.controller.workqueue import WorkQueue
+from lorapool.testing.wait import wait_until_async
 
 KEY = ("ml", "p")
 SETTINGS = QueueSettings(window_s=2.0, backoff_base_s=2.0, backoff_max_s=16.0, resync_s=60.0)
@@ -117,10 +118,7 @@ def test_the_work_queue_runs_retries_and_requeues() -> None:
         queue = WorkQueue(reconcile, QueueSettings(window_s=0.05, backoff_base_s=0.05, resync_s=100.0))
         runner = asyncio.create_task(queue.run())
         queue.add(*KEY)
-        for _ in range(200):
-            if not outcomes:
-                break
-            await asyncio.sleep(0.01)
+        await wait_until_async("three reconciles", lambda: not outcomes, 10)
         runner.cancel()
         with pytest.raises(asyncio.CancelledError):
             await runner

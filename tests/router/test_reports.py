@@ -23,6 +23,7 @@ from lorapool.router.podreports import parse_backend_pod, parse_pods_target
 from lorapool.router.scheduler import Lease, Refused, Scheduler
 from lorapool.router.settings import RouterSettings
 from lorapool.router.telemetry import Telemetry
+from lorapool.testing.wait import wait_until_async
 
 NEW, OLD = "aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb"
 RANK_ERROR = "Call to add_lora method failed: LoRA rank 64 is greater than max_lora_rank 16."
@@ -251,10 +252,7 @@ def test_the_scheduler_routes_by_reports(
 
 async def held(pool: Pool, adapter: str) -> None:
     """Until one request waits in the adapter's queue: the state the test goes on from."""
-    deadline = time.monotonic() + 5
-    while pool.scheduler.queues.depth(adapter) != 1:
-        assert time.monotonic() < deadline, f"no request held for {adapter}"
-        await asyncio.sleep(0.01)
+    await wait_until_async(f"a request held for {adapter}", lambda: pool.scheduler.queues.depth(adapter) == 1, 5)
 
 
 @pytest.mark.parametrize("policy", ["affinity", "round-robin"])

@@ -11,10 +11,11 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from lorapool.testing.wait import WaitTimeout, wait_until
 
 NAMESPACE = "k8s.io"  # the kubelet's namespace: an image imported here is what pods find
 
@@ -68,11 +69,13 @@ class Containerd:
     def stop(self, name: str) -> None:
         """Kill a detached container's task and delete both (a no-op when they are gone)."""
         self.ctr("task", "kill", "--signal", "SIGKILL", name, timeout_s=30)
-        deadline = time.monotonic() + 20
-        while self.ctr("task", "delete", name, timeout_s=30).returncode != 0 and time.monotonic() < deadline:
-            if name not in self.ctr("task", "ls", "--quiet", timeout_s=30).stdout.split():
-                break
-            time.sleep(0.1)
+
+        def task_gone() -> bool:
+            deleted = self.ctr("task", "delete", name, timeout_s=30).returncode == 0
+            return deleted or name not in self.ctr("task", "ls", "--quiet", timeout_s=30).stdout.split()
+
+        with contextlib.suppress(WaitTimeout):  # cleanup: the container delete below is tried either way
+            wait_until(f"container {name}'s task deleted", task_gone, 20, interval_s=0.1)
         self.ctr("container", "delete", name, timeout_s=30)
 
 
@@ -91,11 +94,14 @@ def running_containerd(start_timeout_s: float = 20) -> Iterator[Containerd]:
     process = subprocess.Popen(["containerd", "--config", str(root / "config.toml")], stdout=log, stderr=log)
     daemon = Containerd(root, process)
     try:
-        deadline = time.monotonic() + start_timeout_s
-        while daemon.ctr("version", timeout_s=10).returncode != 0:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"containerd did not start: {(root / 'containerd.log').read_text()[-2000:]}")
-            time.sleep(0.1)
+
+        def answering() -> bool:
+            if process.poll() is not None:
+                raise RuntimeError(f"containerd exited: {(root / 'containerd.log').read_text()[-2000:]}")
+            return daemon.ctr("version", timeout_s=10).returncode == 0
+
+        wait_until("containerd to answer", answering, start_timeout_s, interval_s=0.1,
+                   describe=lambda: (root / "containerd.log").read_text()[-2000:])  # fmt: skip
         yield daemon
     finally:
         process.terminate()

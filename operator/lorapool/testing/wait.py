@@ -15,8 +15,10 @@ so a failure reads as a diagnosis, not as "False is not true".
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -57,10 +59,46 @@ def wait_until(
                 return result
             last = result
         if time.monotonic() >= deadline:
-            detail = f"; state: {_clip(describe())}" if describe is not None else ""
-            raise WaitTimeout(f"timed out after {timeout_s:g} s waiting for {what}; last seen: {_clip(last)}{detail}")
+            raise _timed_out(what, timeout_s, last, describe)
         time.sleep(min(interval_s, max(0.0, deadline - time.monotonic())))
         interval_s = min(interval_s * 1.5, max(interval_s, max_interval_s))
+
+
+async def wait_until_async(
+    what: str,
+    check: Callable[[], T | Awaitable[T | None] | None],
+    timeout_s: float = 30.0,
+    *,
+    interval_s: float = 0.05,
+    max_interval_s: float = 0.5,
+    retry_on: tuple[type[BaseException], ...] = (OSError,),
+    describe: Callable[[], object] | None = None,
+) -> T:
+    """``wait_until`` inside an event loop: the pauses yield to the loop's other tasks (a test that
+    drives reporters or a work queue in the same loop). ``check`` may return an awaitable, e.g.
+    ``lambda: asyncio.to_thread(blocking_check)`` for one that calls kubectl."""
+    deadline = time.monotonic() + timeout_s
+    last: object = "(never checked)"
+    while True:
+        try:
+            result = check()
+            if inspect.isawaitable(result):
+                result = await result
+        except retry_on as exc:
+            last = f"{type(exc).__name__}: {exc}"
+        else:
+            if result:
+                return result
+            last = result
+        if time.monotonic() >= deadline:
+            raise _timed_out(what, timeout_s, last, describe)
+        await asyncio.sleep(min(interval_s, max(0.0, deadline - time.monotonic())))
+        interval_s = min(interval_s * 1.5, max(interval_s, max_interval_s))
+
+
+def _timed_out(what: str, timeout_s: float, last: object, describe: Callable[[], object] | None) -> WaitTimeout:
+    detail = f"; state: {_clip(describe())}" if describe is not None else ""
+    return WaitTimeout(f"timed out after {timeout_s:g} s waiting for {what}; last seen: {_clip(last)}{detail}")
 
 
 def _clip(value: object) -> str:
