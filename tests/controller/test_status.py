@@ -10,6 +10,7 @@ import pytest
 from lorapool.api.load import parse_object
 from lorapool.api.models import LoRAPool
 from lorapool.api.status import AdapterPhase, ConditionType, LoRAAdapterStatus, LoRAPoolStatus
+from lorapool.controller.gateway import GatewayObserved
 from lorapool.controller.status import (
     AdapterResult,
     Observed,
@@ -105,6 +106,8 @@ def test_every_condition_type_written_is_documented(observed: tuple[Observed, st
     """The CRD's Condition.type description is generated from ConditionType: it must list what is written."""
     written = {c.type for c in pool_status(observed[0]).conditions}
     written |= {c.type for c in invalid_spec_status(["x"], 1).conditions}
+    gateway_door = replace(observed[0], gateway=GatewayObserved("ml", "p", served=False, inference_pool=None, picker_ready=False))
+    written |= {c.type for c in pool_status(gateway_door).conditions}
     for phase in AdapterPhase:
         written |= {
             c.type for c in adapter_object_status("p", 1, AdapterResult("a", "LoRAAdapter", 8, phase)).conditions

@@ -85,8 +85,13 @@ The operator's rules, exactly those of deploy/rbac.yaml (tests/delivery checks t
   verbs: [get, patch, update]
 # Children it renders, applied with server-side apply (patch; create for first apply).
 - apiGroups: [""]
-  resources: [configmaps, services, serviceaccounts]
+  resources: [configmaps, serviceaccounts]
   verbs: [get, list, watch, create, patch]
+# Services and NetworkPolicies: also deleted when a pool changes its front door (docs/gateway.md),
+# only those the pool controls.
+- apiGroups: [""]
+  resources: [services]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [get, list, watch, create, patch]
@@ -95,7 +100,11 @@ The operator's rules, exactly those of deploy/rbac.yaml (tests/delivery checks t
   verbs: [get, list, watch, create, patch]
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
-  verbs: [get, list, watch, create, patch]
+  verbs: [get, list, watch, create, patch, delete]
+# The gateway door's InferencePool (Gateway API Inference Extension), applied while its CRD is served.
+- apiGroups: [inference.networking.k8s.io]
+  resources: [inferencepools]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
   verbs: [get, list, watch, create, patch]

@@ -36,6 +36,21 @@ class RouterPolicy(StrEnum):
     LEAST_LOADED = "least-loaded"
 
 
+class FrontDoor(StrEnum):
+    """How requests reach the pool (docs/gateway.md): one policy, two doors."""
+
+    ROUTER = "router"  # the pool's own HTTP router Service
+    GATEWAY = "gateway"  # a Gateway API Inference Extension gateway, through an InferencePool and its picker
+    BOTH = "both"
+
+
+class FailureMode(StrEnum):
+    """InferencePool endpointPickerRef.failureMode: what the gateway does when the picker does not answer."""
+
+    FAIL_CLOSE = "FailClose"
+    FAIL_OPEN = "FailOpen"
+
+
 # --- readable string rules -------------------------------------------------------------------
 #
 # A string field's rules are written once, as ``Check``s: pydantic applies them offline

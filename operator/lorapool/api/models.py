@@ -9,6 +9,7 @@ validators, so `lorapool plan` refuses offline exactly what the API server refus
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
@@ -30,6 +31,8 @@ from lorapool.api.common import (
     REVISION,
     SHA256,
     Dtype,
+    FailureMode,
+    FrontDoor,
     RouterPolicy,
     dns_label,
 )
@@ -372,12 +375,87 @@ MANAGED_FLAGS: Final[dict[str, str]] = {
 }
 
 
+_CIDR_MESSAGE = "must be an IP block in CIDR notation, e.g. 10.128.0.0/23"
+
+
+class GatewaySpec(Wire):
+    """How a Gateway API Inference Extension gateway reaches the pool (frontDoor gateway or both; docs/gateway.md)."""
+
+    failure_mode: FailureMode = Field(
+        default=FailureMode.FAIL_CLOSE,
+        description="The InferencePool's endpointPickerRef.failureMode: FailClose (the gateway answers 503 while "
+        "the picker does not answer) or FailOpen (it routes to any engine, without adapter affinity).",
+    )
+    tls_secret_name: Annotated[str, DNS_SUBDOMAIN] | None = Field(
+        default=None,
+        max_length=253,
+        description="kubernetes.io/tls Secret (tls.crt, tls.key) the picker serves gRPC with; default: a "
+        "self-signed certificate made at start (gateways do not verify the picker's certificate by default).",
+    )
+    namespace: Annotated[str, dns_label("envoy-gateway-system")] | None = Field(
+        default=None,
+        max_length=63,
+        description="Namespace of the gateway's data-plane pods (e.g. envoy-gateway-system, kgateway-system, "
+        "istio-ingress): the NetworkPolicy lets them reach the picker and the engines' port 8000.",
+    )
+    pod_labels: dict[str, str] | None = Field(
+        default=None,
+        max_length=16,
+        description="Labels of the gateway's data-plane pods within namespace; default: every pod of namespace.",
+    )
+    cidrs: list[str] = Field(
+        default_factory=list,
+        max_length=16,
+        description="IP blocks of a data plane outside the cluster's pods (GKE: the proxy-only subnet) that the "
+        "NetworkPolicy lets reach the picker and the engines.",
+        json_schema_extra={
+            "items": {
+                "type": "string",
+                "maxLength": 43,
+                **cel(("isCIDR(self) && cidr(self) == cidr(self).masked()", _CIDR_MESSAGE)),
+            }
+        },
+    )
+
+    @field_validator("cidrs")
+    @classmethod
+    def _cidrs(cls, value: list[str]) -> list[str]:
+        for i, block in enumerate(value):
+            try:
+                ipaddress.ip_network(block, strict=True)
+            except ValueError:
+                raise ValueError(f"cidrs[{i}] {block!r} {_CIDR_MESSAGE}") from None
+        return value
+
+    @property
+    def admits_pods(self) -> bool:
+        """Whether a NetworkPolicy can name the data plane: a namespace or IP blocks."""
+        return bool(self.namespace or self.cidrs)
+
+
 class RouterSpec(Wire):
-    """The pool's adapter-aware router: its one OpenAI endpoint."""
+    """The pool's adapter-aware router: its one OpenAI endpoint, and the endpoint picker of a gateway."""
 
     replicas: int = Field(default=1, ge=0, le=100, description="Router replicas.")
     policy: RouterPolicy = Field(default=RouterPolicy.AFFINITY, description="Scheduling policy.")
     image: str | None = Field(default=None, description="lorapool image for the router; default: the operator's.")
+    front_door: FrontDoor = Field(
+        default=FrontDoor.ROUTER,
+        description="router: the HTTP router Service <pool>; gateway: an InferencePool <pool> and its endpoint "
+        "picker Service <pool>-epp (the router pods, over Envoy ext_proc) for a Gateway API Inference Extension "
+        "gateway, and no HTTP router Service; both: all of them. One scheduling policy serves every door.",
+    )
+    gateway: GatewaySpec = Field(
+        default_factory=GatewaySpec, description="The gateway door's settings (frontDoor gateway or both)."
+    )
+
+    @property
+    def http(self) -> bool:
+        return self.front_door in (FrontDoor.ROUTER, FrontDoor.BOTH)
+
+    @property
+    def picker(self) -> bool:
+        return self.front_door in (FrontDoor.GATEWAY, FrontDoor.BOTH)
 
 
 ALL: Final = "all"
@@ -534,8 +612,26 @@ class SecuritySpec(Wire):
     )
 
 
+_GATEWAY_NEEDS_PODS = (
+    "router.frontDoor gateway or both with security.networkPolicy on needs router.gateway.namespace (where the "
+    "gateway's data-plane pods run, e.g. envoy-gateway-system) or router.gateway.cidrs, so the NetworkPolicy can "
+    "let the gateway reach the engines: set one, or set frontDoor to router"
+)
+_GATEWAY_CEL = cel(
+    (
+        "!has(self.router) || self.router.frontDoor == 'router' "
+        "|| (has(self.security) && !self.security.networkPolicy) "
+        "|| (has(self.router.gateway) && (has(self.router.gateway.namespace) "
+        "|| (has(self.router.gateway.cidrs) && size(self.router.gateway.cidrs) > 0)))",
+        _GATEWAY_NEEDS_PODS,
+    ),
+)
+
+
 class LoRAPoolSpec(Wire):
     """A base model served by replicas, plus the LoRA adapters they share."""
+
+    model_config = ConfigDict(json_schema_extra=_GATEWAY_CEL)
 
     base_model: BaseModelSpec = Field(description="The base model.")
     gpu: GpuSpec = Field(description="GPU per replica.")
@@ -564,6 +660,12 @@ class LoRAPoolSpec(Wire):
         """Duplicate names are reported beside the adapters' other problems, not instead of them."""
         adapters: list[AdapterSpec] = validate_reporting_all(handler, value, _duplicate_names(value), cls.__name__)
         return adapters
+
+    @model_validator(mode="after")
+    def _gateway_reachable(self) -> LoRAPoolSpec:
+        if self.router.picker and self.security.network_policy and not self.router.gateway.admits_pods:
+            raise ValueError(_GATEWAY_NEEDS_PODS)
+        return self
 
 
 def _custom(kind: str, message: str) -> PydanticCustomError:

@@ -53,6 +53,7 @@ class ConditionType(StrEnum):
     DEGRADED = "Degraded"
     RECONCILING = "Reconciling"  # kstatus: abnormal-true twin of Progressing
     STALLED = "Stalled"  # kstatus: abnormal-true, the spec cannot be served until it changes
+    INFERENCE_POOL_READY = "InferencePoolReady"  # LoRAPool with the gateway door: a gateway routes to it
 
 
 class ConditionStatus(StrEnum):
@@ -224,7 +225,14 @@ class LoRAPoolStatus(Status):
     adapter_count: int = Field(default=0, description="Adapters served (inline + LoRAAdapter).")
     replicas: int = Field(default=0, description="Engine pods that exist.")
     ready_replicas: int = Field(default=0, description="Engine pods that are Ready.")
-    endpoint: str | None = Field(default=None, description="The pool's OpenAI endpoint (router Service URL).")
+    endpoint: str | None = Field(
+        default=None, description="The pool's OpenAI endpoint (router Service URL); none with frontDoor gateway."
+    )
+    inference_pool: str | None = Field(
+        default=None,
+        description="The InferencePool (namespace/name) an HTTPRoute of a Gateway routes to (frontDoor gateway or "
+        "both); see the InferencePoolReady condition.",
+    )
     selector: str | None = Field(
         default=None, description="Label selector of the engine pods (for kubectl scale / HPA)."
     )

@@ -22,6 +22,7 @@ from lorapool.api.peft import parse_adapter_config, same_base_model
 from lorapool.api.pods import EnginePod, RouterPod
 from lorapool.api.report import adapter_identity
 from lorapool.api.status import AdapterPhase, ConditionType, LoRAAdapterStatus
+from lorapool.controller.gateway import GatewayObserved
 from lorapool.controller.holders import Placement, decide_placement, observed_load, previous_k
 from lorapool.controller.status import (
     CONVERGING_REASONS,
@@ -257,6 +258,7 @@ def observe(
     engine: Mapping[str, Any] | None,
     router: Mapping[str, Any] | None,
     pods: Sequence[EnginePod],
+    gateway: GatewayObserved | None = None,
 ) -> Observed:
     """What the pool's status is computed from: the decision plus the children as the API server has them."""
     name, namespace = pool.metadata.name, pool.metadata.namespace
@@ -273,10 +275,11 @@ def observe(
         and engine_status.get("observedGeneration", 0) >= (engine or {})["metadata"].get("generation", 0),
         router_ready=bool(router) and int(router_status.get("readyReplicas") or 0) > 0,
         unschedulable=unschedulable(pool, pods),
-        endpoint=names.endpoint(name, namespace),
+        endpoint=names.endpoint(name, namespace) if pool.spec.router.http else "",
         selector=names.selector_string(name, "engine"),
         presence=presence(decision.identities, pods),
         placement=decision.placement,
+        gateway=gateway,
     )
 
 

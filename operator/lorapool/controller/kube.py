@@ -39,6 +39,8 @@ _PATHS: dict[str, tuple[str, str]] = {
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
     "LoRAPool": (f"/apis/{GROUP}/{VERSION}", "lorapools"),
     "LoRAAdapter": (f"/apis/{GROUP}/{VERSION}", "loraadapters"),
+    # The Gateway API Inference Extension's, applied only while served (controller.gateway).
+    "InferencePool": ("/apis/inference.networking.k8s.io/v1", "inferencepools"),
 }
 
 
@@ -97,6 +99,16 @@ class Kube:
             path += f"/{sub}"
         return path
 
+    def serves(self, group_version: str, plural: str) -> bool:
+        """Whether the API server serves ``plural`` in ``group_version`` (discovery): a CRD may be absent."""
+        try:
+            found = self._call("GET", f"/apis/{group_version}")
+        except ApiException as exc:
+            if exc.status in (404, 503):  # not installed, or installed with no ready server yet
+                return False
+            raise
+        return any(r.get("name") == plural for r in found.get("resources") or ())
+
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             found: dict[str, Any] = self._call("GET", self.path(kind, namespace, name))
@@ -134,6 +146,15 @@ class Kube:
         )
         WRITES.labels(obj["kind"], "apply").inc()
         return True
+
+    def delete(self, kind: str, namespace: str, name: str, uid: str) -> None:
+        """Delete one object, only while it is still the one read (``uid`` precondition); gone is fine."""
+        try:
+            self._call("DELETE", self.path(kind, namespace, name), body={"preconditions": {"uid": uid}})
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                raise
+        WRITES.labels(kind, "delete").inc()
 
     def annotate(self, kind: str, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
         """Merge-patch ``annotations`` onto an object (None removes one); the placement slots of engine pods."""

@@ -21,7 +21,7 @@ from lorapool.api.clock import rfc3339
 from lorapool.api.models import LoRAPool
 from lorapool.api.pods import EnginePod, RouterPod, engine_pods, router_pods
 from lorapool.api.status import AdapterPhase, LoRAAdapterStatus, LoRAPoolStatus
-from lorapool.controller import decide, signals, tuning
+from lorapool.controller import decide, gateway, signals, tuning
 from lorapool.controller.decide import Decision, Event, Fetched
 from lorapool.controller.holders import assign_slots, pod_slots, slot_patches
 from lorapool.controller.kube import Kube
@@ -74,6 +74,8 @@ class PoolReconciler:
         self.fetch = fetch
         self.settings = settings
         self._placed: dict[tuple[str, str], Mapping[str, tuple[int, ...]] | None] = {}  # last holders per pool
+        self._discovered: tuple[float, bool] | None = None  # (when, whether InferencePools are served)
+        self._doors: dict[tuple[str, str], tuple[object, ...]] = {}  # door settings last pruned for, per pool
 
     async def _io(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(fn, *args, **kwargs)
@@ -112,12 +114,14 @@ class PoolReconciler:
             now=now,
             tuned=tuning.tuned_max_loras(pool, body),
         )
-        # 4. apply
-        await self._apply(pool, decision.objects)
+        # 4. apply (the InferencePool only while the cluster serves its API: controller.gateway)
+        served = await self._serves_inference_pools(now)
+        await self._apply(pool, gateway.without_unserved(decision.objects, served))
+        await self._prune_door(pool, served)
         await self._assign_slots(pool, pods)
         self._export_signals(pool, pods, decision)
         # 5. observe
-        observed, pods = await self._observe(pool, body, decision, pods)
+        observed, pods = await self._observe(pool, body, decision, pods, served)
         # 6. size (pure), 7. report
         status, events = self._size(pool, body, decision, observed, pods, now)
         await self._write_status(body, status, now)
@@ -129,6 +133,7 @@ class PoolReconciler:
     async def _forget_deleted_pool(self, namespace: str, name: str, now: float) -> None:
         """The pool is gone: drop what this process remembers of it and tell its LoRAAdapters."""
         self._placed.pop((namespace, name), None)
+        self._doors.pop((namespace, name), None)
         signals.forget(namespace, name)
         await self._write_orphan_statuses(namespace, name, now)
 
@@ -217,8 +222,35 @@ class PoolReconciler:
                 },
             )
 
+    async def _prune_door(self, pool: LoRAPool, served: bool) -> None:
+        """Delete the door objects the spec no longer renders (``gateway.door_leftovers``), if ours.
+
+        Looked for once per pool per operator process and again when its door settings change (or the
+        InferencePool API appears), not on every pass: a resync of an unchanged pool reads nothing more."""
+        namespace = pool.metadata.namespace
+        key, doors = (
+            (namespace, pool.metadata.name),
+            (pool.spec.router.front_door, pool.spec.security.network_policy, served),
+        )
+        if self._doors.get(key) == doors:
+            return
+        for kind, name in gateway.door_leftovers(pool, served):
+            live = await self._io(self.kube.get, kind, namespace, name)
+            if live is not None and gateway.controlled_by(live, pool.metadata.uid):
+                await self._io(self.kube.delete, kind, namespace, name, live["metadata"]["uid"])
+                log.info("Deleted %s", kind, extra={"pool": f"{namespace}/{pool.metadata.name}", "object": name})
+        self._doors[key] = doors
+
+    async def _serves_inference_pools(self, now: float) -> bool:
+        """Discovery of the InferencePool API, trusted for ``gateway.DISCOVERY_TTL_S``: one read per
+        operator per TTL, not per pool, and a CRD installed later is seen without a restart."""
+        if self._discovered is None or now - self._discovered[0] >= gateway.DISCOVERY_TTL_S:
+            served = await self._io(self.kube.serves, gateway.GROUP_VERSION, gateway.PLURAL)
+            self._discovered = (now, served)
+        return self._discovered[1]
+
     async def _observe(
-        self, pool: LoRAPool, body: Mapping[str, Any], decision: Decision, earlier: Sequence[EnginePod]
+        self, pool: LoRAPool, body: Mapping[str, Any], decision: Decision, earlier: Sequence[EnginePod], served: bool
     ) -> tuple[Observed, tuple[EnginePod, ...]]:
         """The children as the API server has them after the apply; engine pods unchanged since
         ``earlier`` (the same resourceVersion) are not decoded again."""
@@ -227,7 +259,16 @@ class PoolReconciler:
         router = await self._io(self.kube.get, "Deployment", namespace, names.router(name))
         listed = await self._io(self.kube.list, "Pod", namespace, names.selector_string(name, "engine"))
         pods = engine_pods(listed, known=earlier)
-        return decide.observe(pool, body, decision, engine, router, pods), pods
+        door = await self._observe_gateway(pool, router, served) if pool.spec.router.picker else None
+        return decide.observe(pool, body, decision, engine, router, pods, door), pods
+
+    async def _observe_gateway(
+        self, pool: LoRAPool, router: Mapping[str, Any] | None, served: bool
+    ) -> gateway.GatewayObserved:
+        namespace, name = pool.metadata.namespace, names.inference_pool(pool.metadata.name)
+        live = await self._io(self.kube.get, gateway.INFERENCE_POOL_KIND, namespace, name) if served else None
+        ready = int(((router or {}).get("status") or {}).get("readyReplicas") or 0) > 0
+        return gateway.GatewayObserved(namespace, name, served, live, ready)
 
     async def _write_status(
         self, raw: Mapping[str, Any], status: LoRAPoolStatus | LoRAAdapterStatus, now: float

@@ -30,6 +30,7 @@ from lorapool.api.status import (
     PlanStatus,
     condition,
 )
+from lorapool.controller.gateway import GatewayObserved, inference_pool_condition
 from lorapool.controller.holders import Placement
 
 READY, PROGRESSING, DEGRADED = ConditionType.READY, ConditionType.PROGRESSING, ConditionType.DEGRADED
@@ -115,10 +116,11 @@ class Observed:
     engine_generation_current: bool
     router_ready: bool
     unschedulable: str | None  # scheduler message of a Pending engine pod
-    endpoint: str
+    endpoint: str  # empty without the HTTP door
     selector: str
     presence: Mapping[str, Presence] = field(default_factory=dict)  # adapter name -> what the engines hold
     placement: Placement | None = None  # where each adapter lives (controller.holders)
+    gateway: GatewayObserved | None = None  # the gateway door (controller.gateway); None with frontDoor router
 
     def of(self, name: str) -> Presence:
         return self.presence.get(name, NOWHERE)
@@ -138,16 +140,18 @@ def pool_status(o: Observed) -> LoRAPoolStatus:
         int(engine.get("replicas") or 0), int(engine.get("readyReplicas") or 0), int(engine.get("updatedReplicas") or 0)
     )
     conditions = _invalid_plan_conditions(o) if o.plan_errors else _serving_conditions(o, counts)
+    door = [inference_pool_condition(o.gateway, o.generation)] if o.gateway is not None else []
     return LoRAPoolStatus(
         observed_generation=o.generation,
-        conditions=[*conditions, *_kstatus_conditions(o, conditions[1])],
+        conditions=[*conditions, *_kstatus_conditions(o, conditions[1]), *door],
         plan=o.plan,
         placement=o.placement.status if o.placement else None,
         adapters=[_adapter_status(a, o.of(a.name), o.placement, o.desired_replicas) for a in o.adapters],
         adapter_count=len(o.adapters),
         replicas=counts.existing,
         ready_replicas=counts.ready,
-        endpoint=o.endpoint,
+        endpoint=o.endpoint or None,
+        inference_pool=o.gateway.ref if o.gateway is not None else None,
         selector=o.selector,
     )
 

@@ -20,7 +20,7 @@ from lorapool.api.report import SYNCED_CONDITION
 from lorapool.plan.adapters import PoolAdapter
 from lorapool.plan.gpus import GIB, GPU_PRESENT_LABEL, GPU_PRODUCT_LABEL, GPU_RESOURCE, GPUS
 from lorapool.plan.planner import Plan, pod_memory_bytes
-from lorapool.render import names
+from lorapool.render import gateway, names
 
 Obj = dict[str, Any]
 
@@ -61,14 +61,15 @@ def render_pool(
         router_serviceaccount(pool),
         router_role(pool),
         router_rolebinding(pool),
-        router_service(pool),
+        *([router_service(pool)] if pool.spec.router.http else []),
         router_deployment(pool, plan, opts),
+        *gateway.gateway_objects(pool),  # the InferencePool and its picker (docs/gateway.md)
     ]
     return [_owned(pool, obj) for obj in objects]
 
 
 def _meta(pool: LoRAPool, name: str, component: str) -> Obj:
-    return {"name": name, "namespace": pool.metadata.namespace, "labels": names.labels(pool.metadata.name, component)}
+    return names.metadata(pool.metadata.namespace, name, pool.metadata.name, component)
 
 
 def _owned(pool: LoRAPool, obj: Obj) -> Obj:
@@ -562,7 +563,8 @@ def router_service(pool: LoRAPool) -> Obj:
 
 
 def engine_network_policy(pool: LoRAPool) -> Obj:
-    """NetworkPolicy ``<pool>-engine``: only this pool's router pods reach the engines' port 8000.
+    """NetworkPolicy ``<pool>-engine``: only this pool's router pods (and, with the gateway door, the
+    gateway's data-plane pods or IP blocks of ``spec.router.gateway``) reach the engines' port 8000.
 
     That port carries vLLM's runtime LoRA API (load any path, unload everything), so no other
     pod may call it. The sidecar calls its engine over localhost, which a NetworkPolicy does not
@@ -571,9 +573,11 @@ def engine_network_policy(pool: LoRAPool) -> Obj:
     """
     p = pool.metadata.name
     engine_port = {"port": names.ENGINE_PORT, "protocol": "TCP"}
-    ingress: list[Obj] = [
-        {"from": [{"podSelector": {"matchLabels": names.selector(p, "router")}}], "ports": [engine_port]}
-    ]
+    routers: list[Obj] = [{"podSelector": {"matchLabels": names.selector(p, "router")}}]
+    # The gateway door: the gateway's data plane sends each request straight to the engine pod
+    # its picker chose (docs/gateway.md says which HTTPRoute keeps the LoRA API out of reach).
+    peers = gateway.gateway_peers(pool) if pool.spec.router.picker else []
+    ingress: list[Obj] = [{"from": [*routers, *peers], "ports": [engine_port]}]
     if scraper := pool.spec.security.metrics_namespace:
         ingress.append(
             {
@@ -643,16 +647,27 @@ def router_deployment(pool: LoRAPool, plan: Plan, opts: RenderOptions) -> Obj:
         "name": "router",
         "image": router.image or opts.lorapool_image,
         "imagePullPolicy": opts.image_pull_policy,
-        "args": _router_args(pool, plan),
+        "args": [*_router_args(pool, plan), *gateway.picker_args(pool)],
         "env": [
             *_own_pod_env(),  # the Pod it writes its request counts on (lorapool.api.requests)
             *_api_key_env(pool),
         ],
-        "ports": [{"name": "http", "containerPort": names.ROUTER_PORT, "protocol": "TCP"}],
+        "ports": [{"name": "http", "containerPort": names.ROUTER_PORT, "protocol": "TCP"}, *gateway.picker_ports(pool)],
         "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
         "readinessProbe": {**probe, "periodSeconds": 5},
         "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 3},
         "securityContext": _restricted(read_only_root=True),
+    }
+    volumes, mounts = gateway.picker_tls_mounts(pool)
+    if mounts:
+        container["volumeMounts"] = mounts
+    pod: Obj = {
+        "serviceAccountName": names.router(p),
+        "enableServiceLinks": False,
+        "affinity": _off_gpu_nodes(),
+        "securityContext": {"runAsUser": 1000, "runAsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [container],
+        **({"volumes": volumes} if volumes else {}),
     }
     return {
         "apiVersion": "apps/v1",
@@ -663,17 +678,7 @@ def router_deployment(pool: LoRAPool, plan: Plan, opts: RenderOptions) -> Obj:
             "selector": {"matchLabels": names.selector(p, "router")},
             "template": {
                 "metadata": {"labels": names.labels(p, "router")},
-                "spec": {
-                    "serviceAccountName": names.router(p),
-                    "enableServiceLinks": False,
-                    "affinity": _off_gpu_nodes(),
-                    "securityContext": {
-                        "runAsUser": 1000,
-                        "runAsGroup": 1000,
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },
-                    "containers": [container],
-                },
+                "spec": pod,
             },
         },
     }

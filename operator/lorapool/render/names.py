@@ -11,6 +11,12 @@ from lorapool.api.pods import SLOT_ANNOTATION as SLOT_ANNOTATION
 ENGINE_PORT = 8000
 SIDECAR_STATUS_PORT = 8081
 ROUTER_PORT = 8000
+# The endpoint picker (the router pods' gRPC ext_proc listener, docs/gateway.md): GIE's ports.
+EXT_PROC_PORT = 9002
+EXT_PROC_HEALTH_PORT = 9003
+EXT_PROC_TLS_MOUNT = "/etc/lorapool/epp-tls"
+INFERENCE_POOL_GROUP = "inference.networking.k8s.io"
+INFERENCE_POOL_VERSION = "v1"
 CONFIG_HASH_ANNOTATION = "lorapool.io/config-hash"
 POOL_LABEL = "lorapool.io/pool"
 FIELD_MANAGER = "lorapool-operator"
@@ -54,6 +60,19 @@ def router_service(pool: str) -> str:
     return pool
 
 
+def endpoint_picker(pool: str) -> str:
+    """The picker's Service (gRPC and health ports of the router pods), as the InferencePool names it."""
+    return f"{pool}-epp"
+
+
+def inference_pool(pool: str) -> str:
+    return pool
+
+
+def router_network_policy(pool: str) -> str:
+    return f"{pool}-router"
+
+
 def adapters_configmap(pool: str) -> str:
     return f"{pool}-adapters"
 
@@ -68,6 +87,11 @@ def labels(pool: str, component: str) -> dict[str, str]:
         "app.kubernetes.io/managed-by": "lorapool-operator",
         POOL_LABEL: pool,
     }
+
+
+def metadata(namespace: str, name: str, pool: str, component: str) -> dict[str, object]:
+    """A child object's metadata: its name, the pool's namespace, the component's labels."""
+    return {"name": name, "namespace": namespace, "labels": labels(pool, component)}
 
 
 def selector(pool: str, component: str) -> dict[str, str]:
