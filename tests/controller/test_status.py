@@ -106,7 +106,9 @@ def test_every_condition_type_written_is_documented(observed: tuple[Observed, st
     """The CRD's Condition.type description is generated from ConditionType: it must list what is written."""
     written = {c.type for c in pool_status(observed[0]).conditions}
     written |= {c.type for c in invalid_spec_status(["x"], 1).conditions}
-    gateway_door = replace(observed[0], gateway=GatewayObserved("ml", "p", served=False, inference_pool=None, picker_ready=False))
+    gateway_door = replace(
+        observed[0], gateway=GatewayObserved("ml", "p", served=False, inference_pool=None, picker_ready=False)
+    )
     written |= {c.type for c in pool_status(gateway_door).conditions}
     for phase in AdapterPhase:
         written |= {
