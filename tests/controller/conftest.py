@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from lorapool.cluster import LocalCluster
 from lorapool.testing.components import operator_argv
+from lorapool.testing.inferencepool_crd import NAME, inferencepool_crd
 from lorapool.testing.processes import free_port
 from lorapool.testing.wait import wait_until
 
@@ -134,3 +136,23 @@ def ns(local_cluster: LocalCluster) -> Iterator[str]:
     local_cluster.kubectl("create", "namespace", name)
     yield name
     local_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def install_inferencepool_crd(cluster: LocalCluster) -> None:
+    result = cluster.kubectl(
+        "apply", "--server-side", "-f", "-", input_text=yaml.safe_dump(inferencepool_crd()), check=False
+    )
+    assert result.returncode == 0, result.stderr
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{NAME}")
+
+
+def remove_inferencepool_crd(cluster: LocalCluster) -> None:
+    cluster.kubectl("delete", "crd", NAME, "--ignore-not-found", "--wait=true", timeout_s=120)
+
+
+@pytest.fixture(scope="module")
+def no_inferencepool_crd(local_cluster: LocalCluster) -> Iterator[None]:
+    """The CRD absent at the start (a cluster without GIE) and removed again at the end."""
+    remove_inferencepool_crd(local_cluster)
+    yield
+    remove_inferencepool_crd(local_cluster)

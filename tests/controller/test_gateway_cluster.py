@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,34 +20,13 @@ from lorapool.plan.adapters import merge_adapters
 from lorapool.plan.planner import AdapterRank, plan_pool
 from lorapool.render import names
 from lorapool.render.manifests import render_pool
-from lorapool.testing.inferencepool_crd import NAME, inferencepool_crd
 from lorapool.testing.wait import wait_until
-from tests.controller.conftest import OperatorProcess
+from tests.controller.conftest import OperatorProcess, install_inferencepool_crd
 from tests.controller.test_operator import adapter_dir, apply, condition, get, pool_doc, ready
 
 pytestmark = pytest.mark.cluster
 
 GATEWAY = {"namespace": "envoy-gateway-system"}
-
-
-def install_crd(cluster: LocalCluster) -> None:
-    result = cluster.kubectl(
-        "apply", "--server-side", "-f", "-", input_text=yaml.safe_dump(inferencepool_crd()), check=False
-    )
-    assert result.returncode == 0, result.stderr
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{NAME}")
-
-
-def remove_crd(cluster: LocalCluster) -> None:
-    cluster.kubectl("delete", "crd", NAME, "--ignore-not-found", "--wait=true", timeout_s=120)
-
-
-@pytest.fixture(scope="module")
-def no_inferencepool_crd(local_cluster: LocalCluster) -> Iterator[None]:
-    """The CRD absent at the start (a cluster without GIE) and removed again at the end."""
-    remove_crd(local_cluster)
-    yield
-    remove_crd(local_cluster)
 
 
 def door_condition(cluster: LocalCluster, ns: str, name: str) -> dict[str, Any]:
@@ -102,7 +80,7 @@ def test_the_inference_pool_follows_its_crd_and_the_gateways_verdict(
     assert get(local_cluster, "service", ns, names.router_service("door")) is not None
 
     # The CRD appears: the running operator applies the InferencePool, no restart.
-    install_crd(local_cluster)
+    install_inferencepool_crd(local_cluster)
     wait_reason(local_cluster, ns, "door", "NoParent", timeout_s=120)
     infpool = get(local_cluster, "inferencepool", ns, "door")
     assert infpool is not None and infpool["metadata"]["ownerReferences"][0]["uid"] == pool["metadata"]["uid"]
@@ -182,7 +160,7 @@ REFUSED = {
 
 @pytest.fixture
 def inferencepool_crd_installed(local_cluster: LocalCluster, no_inferencepool_crd: None) -> None:
-    install_crd(local_cluster)
+    install_inferencepool_crd(local_cluster)
 
 
 def test_the_api_server_accepts_the_rendered_inference_pool_and_refuses_what_gie_refuses(

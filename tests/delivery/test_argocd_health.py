@@ -169,3 +169,32 @@ def test_argocd_cm_snippet_in_the_docs_carries_the_same_lua() -> None:
         data["resource.customizations.health.lorapool.io_LoRAAdapter"]
         == (ARGOCD / "health-loraadapter.lua").read_text()
     )
+    assert (
+        data["resource.customizations.health.inference.networking.k8s.io_InferencePool"]
+        == (ARGOCD / "health-inferencepool.lua").read_text()
+    )
+
+
+def parent(name: str, **conditions: str) -> dict[str, Any]:
+    return {
+        "parentRef": {"name": name, "kind": "Gateway"},
+        "conditions": [{"type": t, "status": v, "reason": f"{t}{v}", "message": ""} for t, v in conditions.items()],
+    }
+
+
+INFERENCE_POOLS = {
+    "no-status": ({}, "Progressing", "No Gateway reports"),
+    "no-parent": ({"status": {"parents": []}}, "Progressing", "reference it from an HTTPRoute"),
+    "accepted": ({"status": {"parents": [parent("gw", Accepted="True", ResolvedRefs="True")]}}, "Healthy", "Accepted by gw"),
+    "refused": ({"status": {"parents": [parent("gw", Accepted="False")]}}, "Degraded", "gw: AcceptedFalse"),
+    "unresolved-picker": ({"status": {"parents": [parent("gw", Accepted="True", ResolvedRefs="False")]}}, "Degraded", "ResolvedRefsFalse"),
+    "one-refuses": ({"status": {"parents": [parent("a", Accepted="True"), parent("b", Accepted="False")]}}, "Degraded", "b: "),
+    "pending": ({"status": {"parents": [parent("gw", Accepted="Unknown")]}}, "Progressing", "Waiting for a Gateway"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("obj", "status", "message"), list(INFERENCE_POOLS.values()), ids=list(INFERENCE_POOLS))
+def test_inferencepool_health(obj: dict[str, Any], status: str, message: str) -> None:
+    health = run_health(ARGOCD / "health-inferencepool.lua", {"metadata": {"name": "p"}, **obj})
+    assert health["status"] == status, health
+    assert message in health["message"], health
