@@ -24,6 +24,7 @@ from yarl import URL
 from lorapool.api.requests import encode
 from lorapool.router.core.admission import Refuse
 from lorapool.router.core.backend import Request
+from lorapool.router.core.openai import BadBody, error_body, requested_model, too_large_message
 from lorapool.router.core.requestcount import RequestCounter
 from lorapool.router.scheduler import Lease, Refused, Scheduler
 from lorapool.router.settings import RouterSettings
@@ -46,11 +47,6 @@ SESSION: web.AppKey[aiohttp.ClientSession] = web.AppKey("session", aiohttp.Clien
 TELEMETRY: web.AppKey[Telemetry] = web.AppKey("telemetry", Telemetry)
 SETTINGS: web.AppKey[RouterSettings] = web.AppKey("settings", RouterSettings)
 REQUESTS: web.AppKey[RequestCounter] = web.AppKey("requests", RequestCounter)
-
-
-def error_body(status: int, message: str, kind: str, param: str | None = None) -> dict[str, Any]:
-    """An error in the OpenAI/vLLM shape, which the official clients turn into exceptions."""
-    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
 def error_response(
@@ -120,14 +116,9 @@ class Proxy:
         except web.HTTPRequestEntityTooLarge:
             return self._too_large(None), None, False
         try:
-            payload = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            msg = f"request body is not valid JSON: {exc}"
-            return error_response(400, msg, "BadRequestError"), None, False
-        model = payload.get("model") if isinstance(payload, dict) else None
-        if not isinstance(model, str) or not model:
-            msg = 'request body needs a "model" string naming the base model or an adapter'
-            return error_response(400, msg, "BadRequestError", param="model"), None, False
+            model = requested_model(body)
+        except BadBody as exc:
+            return error_response(exc.status, exc.message, exc.error_type, param=exc.param), None, False
         req = self.scheduler.request_for(model)
         # Counted once per client request, at admission: retries and waits do not count again.
         known_adapter = req.is_adapter and self.scheduler.known(model)
@@ -135,10 +126,7 @@ class Proxy:
         return await self._route(request, body, req, start), model, self.scheduler.known(model)
 
     def _too_large(self, size: int | None) -> web.Response:
-        limit = self.settings.max_body_bytes
-        got = f"{size} bytes" if size is not None else "the body"
-        msg = f"{got} exceeds the router's limit of {limit} bytes (--max-body-bytes)"
-        return error_response(413, msg, "RequestEntityTooLarge")
+        return error_response(413, too_large_message(size, self.settings.max_body_bytes), "RequestEntityTooLarge")
 
     async def _route(self, request: web.Request, body: bytes, req: Request, start: float) -> web.StreamResponse:
         tried: set[str] = set()

@@ -20,6 +20,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     _add_policy_flags(parser, defaults)
     _add_limit_flags(parser, defaults)
     _add_timing_flags(parser, defaults)
+    _add_picker_flags(parser, defaults)
     _add_debug_flags(parser)
 
 
@@ -165,6 +166,43 @@ def _add_timing_flags(parser: argparse.ArgumentParser, d: RouterSettings) -> Non
     )
 
 
+def _add_picker_flags(parser: argparse.ArgumentParser, d: RouterSettings) -> None:
+    g = parser.add_argument_group("endpoint picker (Gateway API Inference Extension, Envoy ext_proc)")
+    g.add_argument(
+        "--ext-proc-port",
+        type=int,
+        metavar="PORT",
+        help="also serve the policy as a GIE endpoint picker: Envoy's ext_proc over gRPC on this port"
+        " (TLS unless --ext-proc-insecure), beside the HTTP --port (default: off)",
+    )
+    g.add_argument(
+        "--ext-proc-health-port",
+        type=int,
+        metavar="PORT",
+        help="plaintext gRPC health (liveness, readiness, envoy.service.ext_proc.v3.ExternalProcessor) (default: off)",
+    )
+    g.add_argument("--ext-proc-tls-cert", metavar="FILE", help="serving certificate (a kubernetes.io/tls Secret's tls.crt);"
+                   " default: self-signed, made at start")  # fmt: skip
+    g.add_argument("--ext-proc-tls-key", metavar="FILE", help="its key (tls.key)")
+    g.add_argument("--ext-proc-insecure", action="store_true", help="plaintext gRPC (local development and tests)")
+    g.add_argument(
+        "--ext-proc-message-timeout",
+        type=float,
+        default=d.ext_proc_message_timeout_s,
+        metavar="SECONDS",
+        help="the gateway's ext_proc message_timeout: a held request is sent best effort before it runs out"
+        " (default %(default)s, Envoy's; set the gateway's above --max-wait to keep grouping's holds)",
+    )
+    g.add_argument(
+        "--ext-proc-fallbacks",
+        type=int,
+        default=d.ext_proc_fallbacks,
+        metavar="N",
+        help="fallback endpoints listed after the pick, for gateways that read the list (default %(default)s:"
+        " Envoy's ORIGINAL_DST cluster takes one address)",
+    )
+
+
 def _add_debug_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend-header", action="store_true", help="add X-Lorapool-Backend to responses (debugging)")
     parser.add_argument(
@@ -206,6 +244,13 @@ def settings_from(args: argparse.Namespace) -> RouterSettings:
         backend_header=args.backend_header,
         requests_window_s=args.requests_window_s,
         pod=str(pod) if pod is not None else None,
+        ext_proc_port=args.ext_proc_port,
+        ext_proc_health_port=args.ext_proc_health_port,
+        ext_proc_tls_cert=args.ext_proc_tls_cert,
+        ext_proc_tls_key=args.ext_proc_tls_key,
+        ext_proc_insecure=args.ext_proc_insecure,
+        ext_proc_message_timeout_s=args.ext_proc_message_timeout,
+        ext_proc_fallbacks=args.ext_proc_fallbacks,
     )
 
 

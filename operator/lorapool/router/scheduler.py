@@ -32,6 +32,7 @@ from lorapool.router.core.admission import (
     bind_held,
     expire,
     lost_load,
+    moved_to,
     runnable,
 )
 from lorapool.router.core.backend import Backend, DecisionKind, Request
@@ -188,8 +189,11 @@ class Scheduler:
         return [s.view() for s in self._states.values()]
 
     # --- carrying out admission -----------------------------------------------------------
-    async def acquire(self, req: Request, tried: frozenset[str] = frozenset()) -> Lease:
-        """Bind ``req`` to a backend now, or after waiting in its adapter's queue; raises ``Refused``."""
+    async def acquire(
+        self, req: Request, tried: frozenset[str] = frozenset(), *, max_wait_s: float | None = None
+    ) -> Lease:
+        """Bind ``req`` to a backend now, or after waiting in its adapter's queue; raises ``Refused``.
+        ``max_wait_s``: a shorter wait than ``--max-wait`` (a gateway's message timeout bounds it)."""
         views = self._views()
         decision = admit(self.scheduling, req, views, tried, lists_fresh=self.refresh_models is None)
         if isinstance(decision, Refresh) and self.refresh_models is not None:
@@ -199,12 +203,13 @@ class Scheduler:
         if isinstance(decision, Bind):
             return self._bind(req, decision, views)
         if isinstance(decision, Hold):
-            return await self._hold(req, tried, decision)
+            wait_s = self.settings.max_wait_s if max_wait_s is None else min(max_wait_s, self.settings.max_wait_s)
+            return await self._hold(req, tried, decision, wait_s)
         if isinstance(decision, Refuse):
             raise Refused(decision)
         raise AssertionError(f"admission asked for a second refresh: {decision}")
 
-    async def _hold(self, req: Request, tried: frozenset[str], hold: Hold) -> Lease:
+    async def _hold(self, req: Request, tried: frozenset[str], hold: Hold, wait_s: float) -> Lease:
         now = self.clock()
         waiter = _Waiter(req, tried, now, asyncio.get_running_loop().create_future(), hold.reason)
         if not self.queues.push(req.model, waiter, now):
@@ -215,7 +220,7 @@ class Scheduler:
             active = {v.id: sorted(v.active) for v in self._views()}
             log.debug("Held request", extra={"model": req.model, "reason": hold.reason.value, "active": active})
         try:
-            await asyncio.wait({waiter.future}, timeout=self.settings.max_wait_s)
+            await asyncio.wait({waiter.future}, timeout=wait_s)
         except asyncio.CancelledError:
             bound = waiter.future.done() and not waiter.future.cancelled() and waiter.future.exception() is None
             if not self.queues.remove(req.model, waiter) and bound:
@@ -228,7 +233,7 @@ class Scheduler:
         else:
             self.queues.remove(req.model, waiter)
             views = self._views()
-            outcome = expire(self.scheduling, req, hold.reason, views, tried, self.settings.max_wait_s)
+            outcome = expire(self.scheduling, req, hold.reason, views, tried, wait_s)
             if isinstance(outcome, Refuse):
                 self.telemetry.held(req.model, hold.reason, self.clock() - now)
                 raise Refused(outcome)
@@ -249,6 +254,27 @@ class Scheduler:
         state.begin(req.model, is_adapter=req.is_adapter)
         self.telemetry.decided(bind.kind)
         return Lease(state, req, bind)
+
+    def alternatives(self, lease: Lease, tried: frozenset[str], count: int) -> list[str]:
+        """Up to ``count`` backends the policy would pick next if ``lease``'s failed (a gateway's
+        fallbacks, best first): admission asked again without binding, each pick then excluded."""
+        views = self._views()
+        picked: list[str] = []
+        excluded = set(tried) | {lease.backend}
+        while len(picked) < count:
+            decision = admit(self.scheduling, lease.req, views, frozenset(excluded))
+            if not isinstance(decision, Bind):
+                break
+            picked.append(decision.backend)
+            excluded.add(decision.backend)
+        return picked
+
+    def moved(self, lease: Lease, backend: ReadOnlyBackendState) -> Lease:
+        """The request ran on ``backend``, not where it was bound (a gateway fell back): count it
+        there instead; ``lease`` is released, the new lease is what to release at the end."""
+        self.release(lease)
+        views = self._views()
+        return self._bind(lease.req, moved_to(lease.req, views, backend.id), views)
 
     def release(self, lease: Lease) -> None:
         """The request is over (done, failed or cancelled): free its share, bind waiters."""

@@ -15,6 +15,7 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
@@ -34,6 +35,9 @@ from lorapool.router.publisher import Publisher
 from lorapool.router.scheduler import Scheduler
 from lorapool.router.settings import RouterSettings
 from lorapool.router.telemetry import Telemetry
+
+if TYPE_CHECKING:
+    from lorapool.router.picker.server import RunningPicker
 
 log = logging.getLogger("lorapool.router")
 
@@ -159,6 +163,7 @@ async def serve(settings: RouterSettings) -> None:
         counter = RequestCounter(settings.requests_window_s, time.monotonic())
         publisher = publisher_for(settings, counter)
         runner = await _start_site(build_app(scheduler, session, telemetry, settings, counter), settings)
+        picker = await _start_picker(scheduler, telemetry, settings, counter)
         _log_started(settings, scheduler)
         polling = loop.create_task(poller.run())
         stop = asyncio.Event()
@@ -173,7 +178,20 @@ async def serve(settings: RouterSettings) -> None:
             if publishing is not None:  # a write in flight is dropped: the counts are a rate, not a ledger
                 await _cancelled(publishing)
             discovery.stop()
+            if picker is not None:
+                await picker.stop()
             await runner.cleanup()
+
+
+async def _start_picker(
+    scheduler: Scheduler, telemetry: Telemetry, settings: RouterSettings, counter: RequestCounter
+) -> RunningPicker | None:
+    """The endpoint picker's gRPC listeners when ``--ext-proc-port`` is given (grpc imported only then)."""
+    if settings.ext_proc_port is None:
+        return None
+    from lorapool.router.picker.server import start_picker
+
+    return await start_picker(scheduler, telemetry, settings, counter)
 
 
 async def _start_site(app: web.Application, settings: RouterSettings) -> web.AppRunner:

@@ -74,10 +74,31 @@ class RouterSettings:
     # NAMESPACE/NAME of the router's own Pod: each closed window is written on it (annotation
     # lorapool.io/requests) for the operator's placement; None: only GET /lorapool/requests.
     pod: str | None = None
+    # The endpoint picker (GIE's protocol over Envoy ext_proc, router/picker/): its gRPC port,
+    # None: off. TLS by default (the Secret's pair, else self-signed), plaintext with insecure.
+    ext_proc_port: int | None = None
+    # Plaintext gRPC health (liveness, readiness, the ext_proc service) on its own port; None: off.
+    ext_proc_health_port: int | None = None
+    ext_proc_tls_cert: str | None = None
+    ext_proc_tls_key: str | None = None
+    ext_proc_insecure: bool = False
+    # The gateway's ext_proc message_timeout, seconds: a hold ends before it (Envoy's default 0.2 s;
+    # a gateway that groups sets it above --max-wait and tells the picker the same).
+    ext_proc_message_timeout_s: float = 0.2
+    # Fallback endpoints listed after the pick (comma-separated): for gateways whose load
+    # balancer reads the list; 0 for Envoy's ORIGINAL_DST cluster, which takes one address.
+    ext_proc_fallbacks: int = 0
 
     def __post_init__(self) -> None:
         if not (self.requests_window_s > 0 and math.isfinite(self.requests_window_s)):
             raise ValueError(f"--requests-window-s must be > 0 seconds (and finite), got {self.requests_window_s:g}")
+        if not (self.ext_proc_message_timeout_s > 0 and math.isfinite(self.ext_proc_message_timeout_s)):
+            got = self.ext_proc_message_timeout_s
+            raise ValueError(
+                f"--ext-proc-message-timeout must be > 0 seconds (the gateway's message_timeout), got {got:g}"
+            )
+        if self.ext_proc_fallbacks < 0:
+            raise ValueError(f"--ext-proc-fallbacks must be >= 0, got {self.ext_proc_fallbacks}")
 
     def policy_params(self) -> PolicyParams:
         """The knobs the policy's plugin factories read."""

@@ -9,6 +9,7 @@ filter or maps a standing again:
 - ``bind_held``: something may have freed room for a held request -> ``Bind`` or None;
 - ``expire``: a held request waited its limit -> ``Bind`` (best effort) or ``Refuse``;
 - ``lost_load``: the reports changed under requests held for a load -> ``Refuse`` or None;
+- ``moved_to``: a gateway sent a request to one of its fallbacks -> that backend's ``Bind``;
 - ``runnable``: which held requests are worth trying at all (1000s of queues).
 
 The router's scheduler (``router.scheduler``) carries the results out: it counts a bind, parks a
@@ -221,6 +222,12 @@ def expire(
 def lost_load(model: str, backends: Sequence[Backend]) -> Refuse | None:
     """For requests held for ``model``'s load: the 404 when the reports now say it failed or is gone."""
     return _lost(model, standing(model, {b.id: b.report for b in backends}), SERVES_MODEL.name)
+
+
+def moved_to(req: Request, backends: Sequence[Backend], backend: str) -> Bind:
+    """The bind of a request that a gateway sent to ``backend`` rather than where it was bound
+    (a fallback after the first failed): best effort, classified against that backend."""
+    return _bind(req, backends, backend, best_effort=True)
 
 
 def runnable(backends: Sequence[Backend], base_models: Set[str]) -> frozenset[str] | None:
