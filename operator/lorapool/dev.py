@@ -15,6 +15,8 @@ Adapter sources the machine cannot reach (hf://, s3://, https://) are replaced b
 PEFT adapters of the same rank before the pool is applied. It then sends an OpenAI
 request for the first adapter through the router and prints the answer, writes the
 router's URL to ``<dir>/router-url`` and a LoRAAdapter to try to ``<dir>/adapter.yaml``.
+With ``--gateway envoy`` the same request also goes through a real Envoy and the router's endpoint
+picker (``lorapool.dev_gateway``), whose URL is written to ``<dir>/gateway-url``.
 `kubectl apply` of an adapter is served within seconds; `kubectl delete` makes it 404.
 
 SIGTERM, SIGINT and SIGHUP all stop everything it started (also when a script started
@@ -31,7 +33,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any, cast
@@ -57,6 +59,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default="sim",
         help="sim: lorapool sim per engine pod (default); vllm: real vLLM CPU replicas of a tiny stand-in model"
         " (installs the engine on first use)",
+    )
+    parser.add_argument(
+        "--gateway",
+        choices=("envoy",),
+        default=None,
+        help="envoy: open the pool's gateway door (frontDoor both), install the InferencePool CRD and put a real"
+        " Envoy, configured as a GIE gateway for the rendered InferencePool, in front of the picker (docs/gateway.md)",
     )
 
 
@@ -101,7 +110,8 @@ def _run(args: argparse.Namespace) -> int:
 
     state = args.dir.expanduser()
     state.mkdir(parents=True, exist_ok=True)
-    (state / "router-url").unlink(missing_ok=True)
+    for stale in ("router-url", "gateway-url"):
+        (state / stale).unlink(missing_ok=True)
     pool_doc, text, start_engine = _playground_manifests(args, state)
     pool = parse_object(pool_doc)
     ns, name = pool.metadata.namespace, pool.metadata.name
@@ -113,13 +123,13 @@ def _run(args: argparse.Namespace) -> int:
     _say("Starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler and KWOK fake GPU nodes")
     try:
         cluster.start()
-        _start_operator(cluster, ns, stack)
+        _start_operator(cluster, ns, stack, gateway=bool(args.gateway))
         _say(f"Applying LoRAPool {ns}/{name}")
         cluster.kubectl("apply", "-f", "-", input_text=text)
         pool_json = _wait_ready(cluster, ns, name, args.timeout_seconds)
         _report(cluster, pool_json, ns, name)
         if not args.no_data_plane:
-            _data_plane(cluster, pool_json, state, stack, start_engine=start_engine)
+            _data_plane(cluster, pool_json, state, stack, start_engine=start_engine, gateway=bool(args.gateway))
         if args.once:
             return 0
         print(f"\nPlayground running. KUBECONFIG={cluster.kubeconfig}  Ctrl-C or SIGTERM stops it.", flush=True)
@@ -129,7 +139,8 @@ def _run(args: argparse.Namespace) -> int:
         for item in reversed(stack):
             (item.stop if hasattr(item, "stop") else item.close)()
         cluster.stop()
-        (state / "router-url").unlink(missing_ok=True)
+        for url_file in ("router-url", "gateway-url"):
+            (state / url_file).unlink(missing_ok=True)
 
 
 def _playground_manifests(args: argparse.Namespace, state: Path) -> tuple[dict[str, Any], str, Any]:
@@ -147,12 +158,17 @@ def _playground_manifests(args: argparse.Namespace, state: Path) -> tuple[dict[s
         from lorapool.engine.playground import prepare_real_engine
 
         start_engine = prepare_real_engine(pool_doc, state, say=_say)  # tiny-model adapters replace remote ones
+    if getattr(args, "gateway", None):
+        from lorapool.dev_gateway import gateway_pool
+
+        gateway_pool(pool_doc)
     _local_sources(pool_doc, state)
     return pool_doc, yaml.safe_dump_all(docs, sort_keys=False), start_engine
 
 
-def _start_operator(cluster: Any, ns: str, stack: list[Any]) -> None:
+def _start_operator(cluster: Any, ns: str, stack: list[Any], *, gateway: bool = False) -> None:
     """CRDs, namespaces and RBAC as the chart installs them, then the operator as its ServiceAccount.
+    ``gateway``: the InferencePool CRD too (``lorapool.testing.inferencepool_crd``), as GIE installs it.
 
     Apart from ``_run`` so the playground's operator is set up in one place, the way a cluster has
     it; the process joins ``stack`` as soon as it runs."""
@@ -162,6 +178,13 @@ def _start_operator(cluster: Any, ns: str, stack: list[Any]) -> None:
     repo = Path(__file__).resolve().parents[2]
     cluster.kubectl("apply", "--server-side", "-f", str(repo / "crds"))
     cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/lorapools.lorapool.io")
+    if gateway:
+        import yaml
+
+        from lorapool.testing.inferencepool_crd import NAME, inferencepool_crd
+
+        cluster.kubectl("apply", "--server-side", "-f", "-", input_text=yaml.safe_dump(inferencepool_crd()))
+        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{NAME}")
     for namespace in ("lorapool-system", ns):
         cluster.kubectl("create", "namespace", namespace, check=False)
     cluster.kubectl("apply", "-f", str(repo / "deploy" / "rbac.yaml"))
@@ -248,11 +271,23 @@ def _report(cluster: Any, pool: dict[str, Any], ns: str, name: str) -> None:
         print(
             f"  {adapter['name']:<20} rank {adapter.get('rank')!s:<4} {adapter['phase']:<8} {adapter.get('message', '')}"
         )
-    print(f"\nEndpoint in the cluster: {status['endpoint']}")
+    if status.get("endpoint"):
+        print(f"\nEndpoint in the cluster: {status['endpoint']}")
+    if status.get("inferencePool"):
+        print(f"InferencePool for a Gateway's HTTPRoute: {status['inferencePool']}")
 
 
-def _data_plane(cluster: Any, pool: dict[str, Any], state: Path, stack: list[Any], *, start_engine: Any = None) -> None:
-    """Local engines for the pool's engine pods (following them), the router in front, one request.
+def _data_plane(
+    cluster: Any,
+    pool: dict[str, Any],
+    state: Path,
+    stack: list[Any],
+    *,
+    start_engine: Any = None,
+    gateway: bool = False,
+) -> None:
+    """Local engines for the pool's engine pods (following them), the router in front, one request;
+    with ``gateway``, the router also runs the rendered picker flags and the request goes through Envoy.
 
     Each thing joins ``stack`` as soon as it runs, so the caller stops it even when a later one fails."""
     from kubernetes import client, config
@@ -267,7 +302,8 @@ def _data_plane(cluster: Any, pool: dict[str, Any], state: Path, stack: list[Any
     stack.append(api)
     token = cluster.service_account_kubeconfig(ns, names.engine_service_account(name), path=state / "engine.kubeconfig")
     engines_box: list[LocalEngines] = []  # filled below: the router asks it which Pod each engine is
-    router = _playground_router(cluster, pool, state, engines_box)
+    door = _gateway_door(cluster, pool) if gateway else None
+    router = _playground_router(cluster, pool, state, engines_box, door[1].argv if door else ())
     stack.append(router)
     replicas = int(spec.get("replicas", 1))
     kind = "vLLM (CPU) engine" if start_engine else "lorapool sim"
@@ -282,13 +318,45 @@ def _data_plane(cluster: Any, pool: dict[str, Any], state: Path, stack: list[Any
     adapters = [a["name"] for a in pool["status"].get("adapters", []) if a["phase"] not in ("Failed", "Conflict")]
     if adapters:
         _ask(router.port, adapters[0])
+    envoy = _start_gateway(door, router, stack) if door else None
+    if envoy is not None and adapters:
+        _ask(int(envoy.url.rsplit(":", 1)[1]), adapters[0], through="Envoy and the endpoint picker")
     _try_it(cluster, pool, state, router.url)
     if start_engine is not None:  # the adapter to try must fit the tiny model the engines serve
         from lorapool.engine.tinymodel import write_tiny_adapter
 
         write_tiny_adapter(state / "adapters-src" / "my-adapter", rank=8, base_model=spec["baseModel"]["name"])
-    # Last: a script waiting for this file finds a playground that serves.
+    # Last: a script waiting for these files finds a playground that serves.
+    if envoy is not None:
+        (state / "gateway-url").write_text(f"{envoy.url}/v1\n")
     (state / "router-url").write_text(f"{router.url}/v1\n")
+
+
+def _gateway_door(cluster: Any, pool: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """The rendered InferencePool and the router Deployment's picker flags (``lorapool.dev_gateway``)."""
+    from lorapool.dev_gateway import read_door
+    from lorapool.testing.processes import free_port
+
+    inference_pool, picker = read_door(cluster, pool, free_port)
+    for flag in picker.dropped:
+        _say(f"Not on this machine: {flag} (a mounted Secret); the picker signs its own certificate")
+    _say(f"The router serves the endpoint picker with the rendered flags: {' '.join(picker.argv)}")
+    return inference_pool, picker
+
+
+def _start_gateway(door: tuple[dict[str, Any], Any], router: _Router, stack: list[Any]) -> Any:
+    """Envoy in front of the picker, as a GIE gateway configures itself for the InferencePool."""
+    from lorapool.dev_gateway import start_gateway
+    from lorapool.testing.processes import free_port
+
+    inference_pool, picker = door
+    engines = [url.split("://", 1)[1] for url in router.backends]  # FailOpen's fallback: every engine
+    envoy = start_gateway(inference_pool, picker, engines, free_port)
+    stack.append(envoy)
+    _say(
+        f"Envoy on {envoy.url}/v1: ext_proc (TLS) to the picker on 127.0.0.1:{picker.port}, ORIGINAL_DST to the engine it picks"
+    )
+    return envoy
 
 
 def _live_sim_flags(api: Any, pool: dict[str, Any]) -> Callable[[], dict[str, Any]]:
@@ -322,7 +390,9 @@ def _live_sim_flags(api: Any, pool: dict[str, Any]) -> Callable[[], dict[str, An
     return sim_flags
 
 
-def _playground_router(cluster: Any, pool: dict[str, Any], state: Path, engines_box: list[Any]) -> _Router:
+def _playground_router(
+    cluster: Any, pool: dict[str, Any], state: Path, engines_box: list[Any], picker: Sequence[str] = ()
+) -> _Router:
     """The router as the pool's chart runs it: its policy and plan flags, reading reports as its ServiceAccount.
 
     Apart from ``_data_plane`` because it is configuration, not start order: the router starts only
@@ -343,6 +413,7 @@ def _playground_router(cluster: Any, pool: dict[str, Any], state: Path, engines_
             "0.5",
             "--report-pods",
             f"{ns}/{names.selector_string(name, 'engine')}",
+            *picker,  # the rendered Deployment's --ext-proc-* flags (lorapool dev --gateway)
         ],
         pods=lambda: {r.sim.url: r.pod for e in engines_box for r in list(e.replicas.values())},
         env={"KUBECONFIG": str(router_token)},
@@ -422,21 +493,23 @@ Try it:
     )
 
 
-def _ask(router_port: int, adapter: str) -> None:
+def _ask(router_port: int, adapter: str, through: str = "the router") -> None:
     from lorapool.testing.wait import wait_until
 
     body = json.dumps({"model": adapter, "prompt": "Write a SQL query that counts users.", "max_tokens": 16}).encode()
 
-    def answer() -> dict[str, Any] | None:  # the sidecars load and the router polls asynchronously
+    def answer() -> tuple[dict[str, Any], str] | None:  # the sidecars load and the router polls asynchronously
         request = urllib.request.Request(f"http://127.0.0.1:{router_port}/v1/completions", data=body,
                                          headers={"Content-Type": "application/json"})  # fmt: skip
         try:
-            return dict(json.loads(urllib.request.urlopen(request, timeout=30).read()))
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return dict(json.loads(response.read())), response.headers.get("server", "?")
         except urllib.error.HTTPError as exc:
             if exc.code in (404, 503):
                 return None
             raise
 
-    got = wait_until(f"an answer from {adapter} through the router", answer, 90, interval_s=0.2)
+    got, server = wait_until(f"an answer from {adapter} through {through}", answer, 90, interval_s=0.2)
+    print(f"\nThrough {through} (server: {server}):")
     print(f'\n$ curl http://127.0.0.1:{router_port}/v1/completions -d \'{{"model": "{adapter}", ...}}\'')
     print(json.dumps({"model": got["model"], "text": got["choices"][0]["text"], "usage": got["usage"]}, indent=2))
