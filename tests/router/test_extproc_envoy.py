@@ -31,7 +31,7 @@ from lorapool.testing.wait import wait_until
 from .conftest import BASE, StartRouter, StartSim
 from .test_router_process import client, counted, post
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.envoy, pytest.mark.timeout(120)]
 
 SERVED = "x-gateway-destination-endpoint-served"
 MESSAGE_TIMEOUT_S = 5.0  # Envoy's and the picker's (--ext-proc-message-timeout): above the holds tested
