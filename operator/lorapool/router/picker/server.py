@@ -35,6 +35,7 @@ READY_SERVICES = ("readiness", SERVICE, "")
 # Each picker stream is one HTTP request; a gateway keeps one connection open and multiplexes them.
 MAX_CONCURRENT_STREAMS = 100_000
 SHUTDOWN_GRACE_S = 5.0
+MESSAGE_SLACK_BYTES = 64 * 1024  # headers and framing around a body
 
 
 @dataclass
@@ -55,7 +56,14 @@ async def start_picker(
 ) -> RunningPicker:
     """Listen on ``--ext-proc-port`` (and ``--ext-proc-health-port``); returns the running servers."""
     assert settings.ext_proc_port is not None
-    options = [("grpc.max_concurrent_streams", MAX_CONCURRENT_STREAMS), ("grpc.so_reuseport", 0)]
+    # One message may carry a whole request body (BUFFERED, or a fast client): up to --max-body-bytes.
+    message_bytes = max(settings.max_body_bytes + MESSAGE_SLACK_BYTES, 4 * 1024 * 1024)
+    options = [
+        ("grpc.max_concurrent_streams", MAX_CONCURRENT_STREAMS),
+        ("grpc.so_reuseport", 0),
+        ("grpc.max_receive_message_length", message_bytes),
+        ("grpc.max_send_message_length", message_bytes),
+    ]
     server = grpc.aio.server(options=options)
     picker = Picker(scheduler, telemetry, settings, requests, Endpoints())
     external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(picker, server)

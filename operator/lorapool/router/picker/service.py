@@ -206,6 +206,10 @@ class Picker:
             self._moved(ex, served)
         if ex.lease is not None and ex.code == "404":
             self.scheduler.model_missing(ex.lease)  # our view of that backend was stale
+        if ex.lease is not None and ex.code == "503" and protocol.UPSTREAM_TIME not in headers:
+            # The gateway's own 503 (it could not connect, or the backend reset before answering),
+            # not the backend's: out of rotation until a poll succeeds, as the HTTP proxy does.
+            self.scheduler.mark_down(ex.lease.state, "the gateway could not reach it")
         if message.response_headers.end_of_stream:
             self._finish(ex)
         return [protocol.proceed("response_headers")]
