@@ -66,6 +66,14 @@ class MemoryKube:
     def event(self, involved: dict[str, Any], *, reason: str, message: str, type_: str = "Normal") -> None:
         self.events.append(reason)
 
+    def serves(self, group_version: str, plural: str) -> bool:
+        return False  # no InferencePool CRD: these pools have the router door only
+
+    def delete(self, kind: str, namespace: str, name: str, uid: str) -> None:
+        obj = self.objects.get((kind, namespace, name))
+        if obj is not None and obj["metadata"].get("uid") == uid:
+            del self.objects[(kind, namespace, name)]
+
 
 def pool_body() -> dict[str, Any]:
     return {

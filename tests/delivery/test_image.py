@@ -240,8 +240,9 @@ DEV_TOOLING = ("lorapool.cluster", "lorapool.testing", "lorapool.dev", "lorapool
 
 def test_runtime_dependencies_are_what_runtime_code_imports_and_dev_tooling_has_its_own() -> None:
     """Every runtime dependency is imported by code that runs in a cluster, and a package only
-    dev tooling imports (cryptography: the local control plane's PKI) is in the test extra,
-    never in the runtime (so never in the image)."""
+    dev tooling imports (pytest: the local control plane's fixtures) is in the test extra, never
+    in the runtime (so never in the image). cryptography is both: the local control plane's PKI
+    and the picker's self-signed serving certificate."""
     import grimp
 
     graph = grimp.build_graph("lorapool", include_external_packages=True)
@@ -260,7 +261,8 @@ def test_runtime_dependencies_are_what_runtime_code_imports_and_dev_tooling_has_
     test_extra = requirement_names(PYPROJECT["project"]["optional-dependencies"]["test"])
     assert runtime <= runtime_imports, f"runtime dependencies nothing in a cluster imports: {runtime - runtime_imports}"
     dev_only = dev_imports - runtime_imports - {"lorapool"}
-    assert "cryptography" in dev_only
+    assert "pytest" in dev_only
+    assert "cryptography" in runtime_imports & dev_imports
     assert not dev_only & runtime, f"dev-only packages in the runtime dependencies: {dev_only & runtime}"
     installed_with_test = closure(runtime | test_extra)
     assert dev_only <= installed_with_test, f"`pip install lorapool[test]` lacks: {dev_only - installed_with_test}"
