@@ -35,7 +35,6 @@ Meanings shared by every family so far (section 1 of the design):
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -43,6 +42,8 @@ from types import MappingProxyType
 from typing import NamedTuple, assert_never
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from lorapool.api.vllm_versions import family_name
 
 # finished_reason values that count as served (not abort), for ``finished_total``.
 FINISHED_OK = frozenset({"stop", "length"})
@@ -98,16 +99,14 @@ class Family:
 FAMILIES: Mapping[str, Family] = MappingProxyType({f.name: f for f in (Family("0.32"), Family("0.34"))})
 DEFAULT_FAMILY = "0.32"
 
-_VERSION = re.compile(r"v?(\d+)\.(\d+)")
-
 
 def family_of(version: str | None) -> Family | None:
     """The row that reads ``version`` (``0.32.0``, ``v0.32.1rc1``...); the default row when no
     version is given; None for a version no row knows."""
     if version is None:
         return FAMILIES[DEFAULT_FAMILY]
-    match = _VERSION.match(version.strip())
-    return FAMILIES.get(f"{match[1]}.{match[2]}") if match else None
+    family = family_name(version)
+    return FAMILIES.get(family) if family else None
 
 
 class LoadedAdapter(NamedTuple):
