@@ -35,4 +35,5 @@ N ?= 5
 flakes: install
 	@if [ -x scripts/build-control-plane ]; then scripts/build-control-plane; fi
 	$(PYTHON) -m lorapool.cli engine install
+	$(PYTHON) -m lorapool.cli engine parsers
 	$(PYTHON) scripts/flakes.py --runs $(N) $(if $(BUSY),--busy) $(if $(CLONE),--clone)

@@ -126,7 +126,7 @@ def schedule(w: SizingWorkload, n: int = CATALOG) -> list[Arrival]:
 
 
 def sample(engine: Engine, max_loras: int) -> Sample:
-    """The engine as vLLM 0.32's /metrics shows it: lora_requests_info lists the running batch's
+    """The engine as vLLM 0.32 and 0.34 show it: lora_requests_info lists the running batch's
     adapters only (tests/engine/test_observations_real.py), not those whose requests wait."""
     return Sample(
         running=engine.num_running,
@@ -134,7 +134,7 @@ def sample(engine: Engine, max_loras: int) -> Sample:
         kv_usage=engine.kv_cache_usage,
         preemptions_total=float(engine.stats.preemptions),
         max_loras=max_loras,
-        inflight=frozenset(engine.running_adapter_names()),
+        inflight=frozenset(engine.listed_adapter_names()),
     )
 
 

@@ -23,10 +23,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "operator"))
 
+from lorapool.api.vllm_versions import SUPPORTED  # noqa: E402
 from lorapool.cache import cache_root  # noqa: E402
 from lorapool.cluster import build  # noqa: E402
 from lorapool.cluster.runtime import COMPONENTS  # noqa: E402
 from lorapool.engine.install import find_engine  # noqa: E402
+from lorapool.engine.parsers import find_parser  # noqa: E402
 from lorapool.image.build import images_built  # noqa: E402
 from lorapool.testing.tiers import TIERS, TIMES_ENV, Measured, table  # noqa: E402
 
@@ -57,8 +59,11 @@ def main(argv: list[str]) -> int:
     measured.append(Measured("control-plane build", seconds, cold=cold))
     if code:
         return finish(code)
-    cold = find_engine() is None
+    cold = find_engine() is None or any(find_parser(v) is None for v in SUPPORTED)
     code, seconds = step([sys.executable, "-m", "lorapool.cli", "engine", "install"])
+    if not code:  # vLLM's own CLI parser per supported release, for the flag contract (on the engine's deps)
+        code, parsers_s = step([sys.executable, "-m", "lorapool.cli", "engine", "parsers"])
+        seconds += parsers_s
     measured.append(Measured("engine install", seconds, cold=cold))
     if code:
         return finish(code)

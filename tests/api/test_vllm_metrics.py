@@ -1,4 +1,6 @@
-"""The one vLLM metrics reader: pages as vLLM 0.32 writes them, the version table, odd labels."""
+"""The one vLLM metrics reader: pages as vLLM 0.32 writes them (the lora_requests_info lists as
+measured in tests/engine/test_observations_real.py), the version table, the residency gauges of
+vllm #54830, odd labels."""
 
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ from lorapool.api.vllm_metrics import (
 )
 
 # A vLLM 0.32 page as the CPU build writes it (HELP/TYPE lines included), cut to the families the
-# reader reads plus one it does not; two lora_requests_info label sets, the newer one current.
+# reader reads plus one it does not; two lora_requests_info label sets, the newer one current. As
+# measured with --max-loras 4 and requests of five adapters: the running batch's four adapters in
+# both labels, the fifth (all its requests waiting) in neither.
 VLLM_PAGE = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
@@ -29,7 +33,7 @@ vllm:num_requests_waiting{engine="0",model_name="base"} 2.0
 vllm:kv_cache_usage_perc{engine="0",model_name="base"} 0.42
 # TYPE vllm:lora_requests_info gauge
 vllm:lora_requests_info{max_lora="4",running_lora_adapters="old",waiting_lora_adapters=""} 1.7e9
-vllm:lora_requests_info{max_lora="4",running_lora_adapters="a,b",waiting_lora_adapters="c"} 1.8e9
+vllm:lora_requests_info{max_lora="4",running_lora_adapters="a,b,c,d",waiting_lora_adapters="a,b,c,d"} 1.8e9
 # TYPE vllm:time_to_first_token_seconds histogram
 vllm:time_to_first_token_seconds_bucket{le="0.1",model_name="base"} 5.0
 """
@@ -60,8 +64,12 @@ PAGES = {
         VLLM_PAGE,
         VllmMetrics(
             running=3, waiting=2, kv_usage=0.42, max_loras=4, ttft_buckets=((0.1, 5.0),),
-            running_adapters=frozenset({"a", "b"}), waiting_adapters=frozenset({"c"}),
+            running_adapters=frozenset("abcd"),
         ),
+    ),
+    "lists that differ (no supported vLLM writes them): the union is the batch, none waiting": (
+        'vllm:lora_requests_info{max_lora="2",running_lora_adapters="a",waiting_lora_adapters="b"} 1\n',
+        VllmMetrics(max_loras=2, running_adapters=frozenset("ab")),
     ),
     "counters and the ttft histogram": (
         COUNTERS_PAGE,
@@ -89,7 +97,8 @@ def test_parse_metrics(page: str, expected: VllmMetrics) -> None:
 
 def test_the_lists_as_the_router_and_the_sidecar_read_them() -> None:
     got = parse_metrics(VLLM_PAGE)
-    assert got.listed_adapters == {"a", "b", "c"} and got.waiting_only == {"c"}
+    assert got.listed_adapters == set("abcd") and got.waiting_only == set()  # waits do not show on 0.32
+    assert (got.slots, got.gpu_adapters) == (4, set("abcd"))  # inferred: no residency gauges on the page
 
 
 def lora_page(max_lora: str) -> str:
@@ -115,10 +124,10 @@ def test_junk_raises() -> None:
 
 @pytest.mark.parametrize(
     ("version", "family"),
-    [(None, DEFAULT_FAMILY), ("0.32.0", "0.32"), ("v0.32.1rc1", "0.32"), (" 0.32 ", "0.32"), ("0.40.0", None),
-     ("0.3.2", None), ("nightly", None), ("", None)],
-    ids=["not given: the default", "0.32.0", "v-prefixed rc", "padded", "a newer family", "no such family",
-         "not a version", "empty"],
+    [(None, DEFAULT_FAMILY), ("0.32.0", "0.32"), ("v0.32.1rc1", "0.32"), (" 0.32 ", "0.32"), ("0.34.0", "0.34"),
+     ("0.34.0+sim", "0.34"), ("0.40.0", None), ("0.33.1", None), ("0.3.2", None), ("nightly", None), ("", None)],
+    ids=["not given: the default", "0.32.0", "v-prefixed rc", "padded", "0.34.0", "the simulator's 0.34",
+         "a newer family", "an unsupported one between", "no such family", "not a version", "empty"],
 )  # fmt: skip
 def test_a_version_finds_its_row(version: str | None, family: str | None) -> None:
     row = family_of(version)
@@ -140,15 +149,8 @@ def test_every_row_names_the_facts_it_reads_once() -> None:
     assert DEFAULT_FAMILY in FAMILIES
 
 
-# What a row with vllm #54830's per-adapter gauges reads (no supported family has them yet; issue 26
-# adds the row). Without them in its row a family reports None: not exposed, not "none loaded".
-GAUGES_ROW = replace(
-    FAMILIES[DEFAULT_FAMILY],
-    name="with-gauges",
-    adapter_loaded="vllm:lora_adapter_loaded",
-    gpu_loaded="vllm:num_gpu_loaded_lora_adapters",
-    max_gpu="vllm:max_gpu_lora_adapters",
-)
+# vllm #54830's per-adapter residency gauges (in review; no supported release has them): every row
+# names them, so a page that carries them is read, and they win over what lora_requests_info infers.
 GAUGES_PAGE = """\
 vllm:lora_adapter_loaded{adapter_name="sql",level="gpu",pinned="false",rank="16"} 1.0
 vllm:lora_adapter_loaded{adapter_name="chat",level="cpu",pinned="true",rank="8"} 1.0
@@ -156,13 +158,36 @@ vllm:lora_adapter_loaded{adapter_name="gone",level="gpu",pinned="false",rank="8"
 vllm:num_gpu_loaded_lora_adapters{engine="0",model_name="base"} 1.0
 vllm:max_gpu_lora_adapters{engine="0",model_name="base"} 4.0
 vllm:num_requests_running{engine="0",model_name="base"} 1.0
+vllm:lora_requests_info{max_lora="3",running_lora_adapters="chat",waiting_lora_adapters="chat"} 1
 """
+EXPOSED_NONE_LOADED = "vllm:max_gpu_lora_adapters 2\nvllm:num_gpu_loaded_lora_adapters 0\n"
 
 
-def test_a_row_with_residency_gauges_reads_them() -> None:
-    got = parse_with(GAUGES_PAGE, GAUGES_ROW)
-    assert got.family == "with-gauges" and got.running == 1
+def test_residency_gauges_are_read_when_present() -> None:
+    got = parse_metrics(GAUGES_PAGE, version="0.34.0")
+    assert got.family == "0.34" and got.running == 1
     assert got.loaded_adapters == {"sql": LoadedAdapter("gpu", False, 16), "chat": LoadedAdapter("cpu", True, 8)}
     assert (got.gpu_loaded, got.max_gpu) == (1, 4)
-    plain = parse_metrics(GAUGES_PAGE)
-    assert (plain.loaded_adapters, plain.gpu_loaded, plain.max_gpu) == (None, None, None)
+
+
+# Which source answers "how many slots" and "which adapters hold one", with and without the gauges.
+RESIDENCY = {
+    "no gauges: max_lora and the running batch": (VLLM_PAGE, 4, frozenset("abcd"), None),
+    "gauges win over lora_requests_info": (GAUGES_PAGE, 4, frozenset({"sql"}), {"sql", "chat"}),
+    "gauges exposed, nothing loaded": (EXPOSED_NONE_LOADED, 2, frozenset(), set()),
+}
+
+
+@pytest.mark.parametrize(("page", "slots", "gpu", "loaded"), RESIDENCY.values(), ids=RESIDENCY.keys())
+def test_which_source_says_what_the_slots_hold(
+    page: str, slots: int, gpu: frozenset[str], loaded: set[str] | None
+) -> None:
+    got = parse_metrics(page)
+    assert (got.slots, got.gpu_adapters) == (slots, gpu)
+    assert (set(got.loaded_adapters) if got.loaded_adapters is not None else None) == loaded
+
+
+def test_a_row_without_the_gauges_never_reads_them() -> None:
+    row = replace(FAMILIES[DEFAULT_FAMILY], name="no-gauges", adapter_loaded=None, gpu_loaded=None, max_gpu=None)
+    plain = parse_with(GAUGES_PAGE, row)
+    assert (plain.loaded_adapters, plain.gpu_loaded, plain.max_gpu, plain.slots) == (None, None, None, 3)

@@ -511,8 +511,9 @@ def test_metric_names_and_labels(engine: Engine) -> None:
 
 
 def test_more_adapters_in_flight_than_slots_wait_and_none_fails(engine: Engine) -> None:
-    """max_loras=1 and three adapters at once: every request is answered; vLLM 0.32 lists every
-    adapter with a request in flight in BOTH running_lora_adapters and waiting_lora_adapters."""
+    """max_loras=1 and three adapters at once: every request is answered; vLLM 0.32 (and the
+    simulator) list the running batch's adapters, the same names in running_lora_adapters and
+    waiting_lora_adapters, so over the run each adapter shows, one at a time."""
     names = ("slot-a", "slot-b", "slot-c")
     for name, path in zip(names, ("good-a", "good-b", "good-c"), strict=True):
         assert engine.post(LOAD, load(name, engine.paths[path])).status == 200
@@ -536,7 +537,7 @@ def test_more_adapters_in_flight_than_slots_wait_and_none_fails(engine: Engine) 
     for labels, _ in info:
         running = set(filter(None, labels["running_lora_adapters"].split(",")))
         waiting = set(filter(None, labels["waiting_lora_adapters"].split(",")))
-        assert running == waiting, labels
+        assert running == waiting and len(running) <= MAX_LORAS, labels
         seen |= running
     assert set(names) <= seen
 

@@ -27,13 +27,15 @@ def page(*, running: int, waiting: int, kv: float, preempt: float, lists: list[t
 
 
 PAGES = {
-    "vllm-0.32-lists-in-flight-adapters-in-both": (
-        page(running=2, waiting=3, kv=0.2, preempt=1, lists=[(5.0, "a", "a"), (9.0, "a,b,c", "a,b,c")]),
-        Sample(2, 3, 0.2, 1.0, 2, frozenset("abc"), frozenset()),
+    # as measured (tests/engine/test_observations_real.py): the running batch's adapters in both
+    # labels; those whose requests all wait in neither
+    "vllm-0.32-lists-the-running-batch-in-both": (
+        page(running=2, waiting=3, kv=0.2, preempt=1, lists=[(5.0, "a", "a"), (9.0, "a,b", "a,b")]),
+        Sample(2, 3, 0.2, 1.0, 2, frozenset("ab"), frozenset()),
     ),
-    "separate-lists-count-waiting-only": (
+    "lists-that-differ-are-one-batch-on-0.32-and-0.34": (
         page(running=1, waiting=1, kv=0.95, preempt=0, lists=[(9.0, "a", "b")]),
-        Sample(1, 1, 0.95, 0.0, 2, frozenset("ab"), frozenset("b")),
+        Sample(1, 1, 0.95, 0.0, 2, frozenset("ab"), frozenset()),
     ),
     "no-lora-series": ("vllm:num_requests_running 0\n", Sample()),
 }

@@ -277,12 +277,32 @@ def test_abort_frees_blocks_and_counts() -> None:
     engine.step()
     assert engine.running_adapter_names() == ("A",)
     assert engine.waiting_adapter_names() == ("B",)
+    assert engine.listed_adapter_names() == ("A",)  # as vLLM's lora_requests_info: B only waits
     assert engine.abort(running) and engine.abort(waiting)
     assert not engine.abort(running)
     assert engine.kv_cache_usage == 0.0
     assert not engine.has_work
     assert engine.stats.finished["abort"] == 2
-    assert engine.running_adapter_names() == () == engine.waiting_adapter_names()
+    assert engine.running_adapter_names() == () == engine.waiting_adapter_names() == engine.listed_adapter_names()
+
+
+def test_listed_adapters_follow_first_tokens_and_ends_as_vllm_lists_them() -> None:
+    """vLLM (0.32, 0.34) lists an adapter from its first request's first token to its last
+    request's end; a request still in a prefill chunk, or only waiting, is not listed."""
+    engine = make_engine(enable_lora=True, max_loras=1, max_num_batched_tokens=16)
+    first = make_request("a1", "A", prompt=40, out=3)  # a 40-token prompt: three 16-token chunks
+    engine.add_request(first)
+    engine.add_request(make_request("b1", "B", out=2))
+    engine.step()
+    assert (engine.running_adapter_names(), engine.listed_adapter_names()) == (("A",), ())  # a prefill chunk
+    while first.first_token_s < 0:
+        engine.step()
+    assert engine.listed_adapter_names() == ("A",)  # B waits for the slot: not listed
+    while first.generated < 3:
+        engine.step()
+    assert engine.listed_adapter_names() == ()  # A ended; B has not had its first token yet
+    run_to_completion(engine)
+    assert engine.listed_adapter_names() == ()
 
 
 @pytest.mark.parametrize(

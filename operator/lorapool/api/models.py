@@ -43,7 +43,9 @@ VERSION = "v1alpha1"
 API_VERSION: Final = "lorapool.io/v1alpha1"  # GROUP/VERSION, spelled out so its type is the Literal below
 AUTO: Final = "auto"
 
-DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.11.0"
+# A supported release (api.vllm_versions: the DEFAULT row's image; tests/api/test_vllm_versions.py
+# checks they agree). Changing it rolls every pool that does not set spec.vllm.image (CHANGELOG).
+DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.34.0"
 DEFAULT_LORAPOOL_IMAGE = "ghcr.io/lorapool/lorapool:0.1.0"
 
 
@@ -327,7 +329,11 @@ class EnvVar(Wire):
 class VllmSpec(Wire):
     """The vLLM engine container."""
 
-    image: str = Field(default=DEFAULT_VLLM_IMAGE, min_length=1, description="vLLM OpenAI server image.")
+    image: str = Field(
+        default=DEFAULT_VLLM_IMAGE,
+        min_length=1,
+        description="vLLM OpenAI server image; supported releases: docs/vllm.md.",
+    )
     max_model_len: int | None = Field(
         default=None, ge=16, description="vLLM --max-model-len; default: the model's context length, at most 8192."
     )

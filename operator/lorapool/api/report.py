@@ -79,12 +79,12 @@ class AdapterReport:
 class AdapterLoad:
     """One adapter's load on one replica over a window, in seconds of that window.
 
-    ``inflight_s``: how long the engine listed it in vllm:lora_requests_info (vLLM 0.32: in the
-    running batch; the simulator: running or waiting); its share of the window is the adapter's
-    mean presence in the batch, the load placement reads.
-    ``waiting_s``: how long it was listed waiting and *not* running. vLLM 0.32 lists the running
-    batch's adapters in both ``running_lora_adapters`` and ``waiting_lora_adapters``
-    (tests/engine/test_observations_real.py), so on that engine this is always 0.
+    ``inflight_s``: how long the engine listed it in vllm:lora_requests_info (vLLM 0.32 and 0.34,
+    and the simulator: in the running batch); its share of the window is the adapter's mean
+    presence in the batch, the load placement reads.
+    ``waiting_s``: how long it was listed waiting and *not* running. vLLM 0.32 and 0.34 list the
+    running batch's adapters in both ``running_lora_adapters`` and ``waiting_lora_adapters``
+    (tests/engine/test_observations_real.py), so on those engines this is always 0.
     """
 
     inflight_s: float
@@ -100,9 +100,10 @@ class Observations:
     - ``window_s`` [w], ``end`` [t] (Unix seconds when the window closed), ``samples`` [n];
     - ``max_loras`` [L]: the engine's ``max_lora`` label (its --max-loras), None when it has no LoRA;
     - ``distinct_p50`` / ``distinct_p95`` / ``distinct_max`` [d]: distinct adapters the engine lists
-      in vllm:lora_requests_info (latest series) per sample. On vLLM 0.32 that is the running batch
-      (never more than ``max_loras``: demand beyond the slots does not show); engines that list
-      waiting adapters too (the simulator) show demand beyond it;
+      in vllm:lora_requests_info (latest series) per sample. On vLLM 0.32 and 0.34 (and the
+      simulator) that is the running batch (at most ``max_loras`` bar a preempted request's
+      adapter: demand beyond the slots does not show); an engine that lists waiting adapters
+      would show demand beyond it;
     - ``slot_wait_s`` [sw]: seconds of the window during which requests waited
       (vllm:num_requests_waiting > 0) while every slot was busy (as many adapters listed as
       ``max_loras``) and the KV cache was not full (vllm:kv_cache_usage_perc < ``KV_FREE_BELOW``):

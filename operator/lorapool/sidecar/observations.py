@@ -6,19 +6,21 @@ closes its summary (``api.report.Observations``) goes into the sidecar's report,
 channel sizing and placement read.
 
 Which vLLM signals are trustworthy (checked against vLLM 0.32's CPU build in tests/conformance);
-the page is read by the one reader, ``api.vllm_metrics`` (names per vLLM version, the "largest
-value is current" rule for ``vllm:lora_requests_info``):
+the page is read by the one reader, ``api.vllm_metrics`` (names and list meanings per vLLM
+version, the "largest value is current" rule for ``vllm:lora_requests_info``):
 
 - ``vllm:num_requests_running`` / ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``
   and the ``vllm:num_preemptions_total`` counter: exact, read as they are;
-- ``vllm:lora_requests_info``: its ``max_lora`` label is the engine's --max-loras. Its adapter
-  lists, measured on vLLM 0.32's CPU build (tests/engine/test_observations_real.py): both
-  ``running_lora_adapters`` and ``waiting_lora_adapters`` list the adapters of the *running*
-  batch, the same names in both, and adapters whose requests all wait are in neither. So the
-  distinct adapters counted here are those in the running batch: trustworthy, but censored at
-  ``max_lora`` (demand beyond the slots does not show); which adapters wait is not observable
-  (``waiting_only`` stays empty on vLLM 0.32; an engine that keeps the lists apart fills it). The
-  simulator lists waiting adapters too;
+- ``vllm:lora_requests_info``: its ``max_lora`` label is the engine's --max-loras (vllm #54830's
+  ``vllm:max_gpu_lora_adapters`` wins when the page has it). Its adapter lists, measured on vLLM
+  0.32's CPU build (tests/engine/test_observations_real.py) and read the same in 0.34's source:
+  both ``running_lora_adapters`` and ``waiting_lora_adapters`` list the adapters of the *running
+  batch* (an adapter from its first request's first token to its last request's end), the same
+  names in both; adapters whose requests all wait are in neither, and between two batches the
+  lists can be empty while requests wait. So the distinct adapters counted here are those in the
+  running batch: trustworthy, but censored at ``max_lora`` (demand beyond the slots does not
+  show); which adapters wait is not observable (``waiting_only`` stays empty on 0.32 and 0.34; an
+  engine whose row keeps the lists apart fills it). The simulator lists them as vLLM does;
 - slot waits are therefore inferred from exact signals: requests waiting while every slot is
   busy (as many adapters running as ``max_lora``) and the KV cache has room;
 - the lists are a snapshot of the last engine step, not of the scrape instant: an idle
@@ -43,7 +45,7 @@ class Sample:
     kv_usage: float = 0.0
     preemptions_total: float = 0.0
     max_loras: int | None = None
-    inflight: frozenset[str] = frozenset()  # adapters listed (vLLM 0.32: the running batch's)
+    inflight: frozenset[str] = frozenset()  # adapters listed: the running batch's
     waiting_only: frozenset[str] = frozenset()  # listed waiting and not running
     ttft_buckets: tuple[tuple[float, float], ...] = ()  # (le, cumulative count), all label sets summed
     finished_total: float = 0.0  # requests finished with stop or length (vllm:request_success_total)
@@ -56,7 +58,7 @@ class Sample:
             waiting=metrics.waiting,
             kv_usage=metrics.kv_usage,
             preemptions_total=metrics.preemptions_total,
-            max_loras=metrics.max_loras,
+            max_loras=metrics.slots,
             inflight=metrics.listed_adapters,
             waiting_only=metrics.waiting_only,
             ttft_buckets=metrics.ttft_buckets,

@@ -187,6 +187,8 @@ class Engine:
         self._seen_paths: set[str] = set()
         self._running_names: dict[str, int] = {}
         self._waiting_names: dict[str, int] = {}
+        # vLLM's LoRARequestStates: requests per adapter from their first token to their end
+        self._listed_names: dict[str, int] = {}
 
     # -- requests -------------------------------------------------------------------------
 
@@ -211,6 +213,8 @@ class Engine:
             self.waiting.remove(req)
             if req.adapter is not None:
                 _dec(self._waiting_names, req.adapter.name)
+        if req.adapter is not None and req.first_token_s >= 0:
+            _dec(self._listed_names, req.adapter.name)
         req.state = FINISHED
         req.final_reason = "abort"
         req.finished_s = self.clock_s
@@ -240,6 +244,13 @@ class Engine:
 
     def waiting_adapter_names(self) -> tuple[str, ...]:
         return tuple(self._waiting_names)
+
+    def listed_adapter_names(self) -> tuple[str, ...]:
+        """What vLLM's ``lora_requests_info`` lists (both labels, 0.32 and 0.34): adapters with a
+        request that has had its first token and not finished (a preempted one stays listed), in
+        the order they were (re)listed. Requests that only wait, or sit in a prefill chunk, do not
+        show: vLLM's serving layer learns of a request's scheduling with its first output."""
+        return tuple(self._listed_names)
 
     def gpu_adapters(self) -> tuple[str, ...]:
         """Adapters in GPU slots, least recently used first."""
@@ -384,6 +395,8 @@ class Engine:
                 if req.first_token_s < 0:
                     req.first_token_s = now
                     stats.prompt_tokens += req.prompt_tokens
+                    if req.adapter is not None:
+                        _inc(self._listed_names, req.adapter.name)
             req.generated += 1
             emitted.append(req)
             if req.generated >= req.output_tokens:
@@ -393,6 +406,7 @@ class Engine:
                 self._release(req)
                 if req.adapter is not None:
                     _dec(self._running_names, req.adapter.name)
+                    _dec(self._listed_names, req.adapter.name)
                 stats.finished[req.finish_reason] += 1
                 finished.append(req)
         if finished:

@@ -4,12 +4,15 @@ Gauges and counters are read from the engine at scrape time (nothing to update p
 histograms are observed once per request by the shell. Every ``vllm:`` series carries vLLM's
 labels ``model_name`` (the first served model name) and ``engine`` ("0").
 
-``vllm:lora_requests_info`` behaves as vLLM 0.32's (checked in ``tests/conformance``): after every
-engine step the series labelled with the current adapters is set to the current Unix time; both
-``running_lora_adapters`` and ``waiting_lora_adapters`` list every adapter with a request in
-flight, running or waiting (comma-separated, running ones first), and series for earlier label sets stay in the output with their older
-timestamps. A reader takes the series with the largest value, as the Gateway API Inference
-Extension does. Simulator-only series are under ``sim:`` so nobody mistakes them for vLLM's.
+``vllm:lora_requests_info`` behaves as vLLM 0.32's and 0.34's (``LoRARequestStates`` in
+``vllm/v1/metrics/stats.py``, the same code in both; measured in tests/engine/test_observations_real.py,
+checked in ``tests/conformance``): after every engine step the series labelled with the current
+adapters is set to the current Unix time; both ``running_lora_adapters`` and
+``waiting_lora_adapters`` list the same names, the adapters of the running batch (each from its
+first request's first token until its last request ends; ``Engine.listed_adapter_names``), and an
+adapter whose requests all wait is in neither. Series for earlier label sets stay in the output
+with their older timestamps. A reader takes the series with the largest value, as the Gateway
+API Inference Extension does. Simulator-only series are under ``sim:`` so nobody mistakes them for vLLM's.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ class SimMetrics:
         self.overrun_s = 0.0  # wall seconds the stepper started later than its schedule
         # (max_lora, waiting, running) -> Unix time of the last step with that label set
         self.lora_info: dict[tuple[str, str, str], float] = {}
-        self._lora_key: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+        self._lora_key: tuple[str, ...] | None = None
         self._lora_labels: tuple[str, str, str] = ("", "", "")
         self.registry = CollectorRegistry(auto_describe=False)
         labels = (model_name, "0")
@@ -69,14 +72,11 @@ class SimMetrics:
         """After a step: stamp the lora_requests_info series of the current adapter sets."""
         if not self.engine.config.enable_lora:
             return
-        running = self.engine.running_adapter_names()
-        waiting = self.engine.waiting_adapter_names()
-        if (running, waiting) != self._lora_key:
-            self._lora_key = (running, waiting)
-            # vLLM 0.32 lists every adapter with a request in flight in BOTH labels (its
-            # LoRARequestStates fills both dicts for each adapter, counts aside): so do we.
-            in_flight = ",".join(dict.fromkeys((*running, *waiting)))
-            self._lora_labels = (str(self.engine.config.max_loras), in_flight, in_flight)
+        listed = self.engine.listed_adapter_names()
+        if listed != self._lora_key:
+            self._lora_key = listed
+            names = ",".join(listed)
+            self._lora_labels = (str(self.engine.config.max_loras), names, names)
         self.lora_info[self._lora_labels] = time.time()
 
     def render(self) -> bytes:

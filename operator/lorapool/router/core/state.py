@@ -123,8 +123,8 @@ class BackendState:
         self._scrape = None
         self.engine = metrics
         self.kv_usage = metrics.kv_usage
-        if metrics.max_loras and metrics.max_loras != self.reported_max_loras:
-            self.reported_max_loras = metrics.max_loras
+        if metrics.slots and metrics.slots != self.reported_max_loras:
+            self.reported_max_loras = metrics.slots
             self._warm_cache = None
         self.foreign_load = max(0, metrics.running + metrics.waiting - peak)
         # vLLM stamps lora_requests_info after each step, so an idle engine keeps reporting
