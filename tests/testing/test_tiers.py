@@ -24,6 +24,7 @@ from lorapool.testing.tiers import BY_NAME, TIMES_ENV, TOTAL_COLD_S, Measured, t
         ("tests/router/test_plugins.py", ["slow"], "unit"),
         ("tests/image/test_images.py", ["images"], "images"),
         ("tests/image/test_recipe.py", [], "unit"),
+        ("tests/node/test_real_node.py", ["node", "slow"], "node"),
     ],
     ids=[
         "e2e by place",
@@ -34,6 +35,7 @@ from lorapool.testing.tiers import BY_NAME, TIMES_ENV, TOTAL_COLD_S, Measured, t
         "slow unit",
         "images",
         "the images' pure core",
+        "the real node",
     ],
 )
 def test_tier_of(path: str, markers: list[str], tier: str) -> None:
