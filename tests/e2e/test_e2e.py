@@ -20,6 +20,8 @@ import pytest
 import yaml
 
 from lorapool.api.models import DEFAULT_LORAPOOL_IMAGE
+from lorapool.testing.adapter_server import manifests as adapter_server_manifests
+from lorapool.testing.adapter_server import sources as adapter_sources
 from lorapool.testing.peft import write_peft_adapter
 from lorapool.testing.processes import free_port, start_process
 from lorapool.testing.scrape import metric_value, scrape
@@ -142,72 +144,18 @@ def chart_operator(
         proc.close()
 
 
-ADAPTER_SERVER = """
-import functools, http.server, pathlib, sys
-from lorapool.testing.peft import write_peft_adapter
-root = pathlib.Path("/tmp/adapters")
-for name, rank in {adapters!r}.items():
-    write_peft_adapter(root / name, rank=rank, base_model={base!r})
-handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
-print("serving adapters", flush=True)
-http.server.ThreadingHTTPServer(("", 8000), handler).serve_forever()
-"""
-
-
 def adapter_server(target: Target, chart_image: str) -> dict[str, str]:
     """An in-cluster HTTP server of small real PEFT adapters (the lorapool image writes them):
     what the operator and the sidecars download from on a cluster without internet access."""
-    labels = {"app.kubernetes.io/name": "e2e-adapters"}
-    docs = [
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": "adapters", "namespace": POOL_NS},
-            "spec": {
-                "selector": {"matchLabels": labels},
-                "template": {
-                    "metadata": {"labels": labels},
-                    "spec": {
-                        "securityContext": {
-                            "runAsNonRoot": True,
-                            "runAsUser": 1000,
-                            "seccompProfile": {"type": "RuntimeDefault"},
-                        },
-                        "containers": [
-                            {
-                                "name": "http",
-                                "image": chart_image,
-                                "imagePullPolicy": "IfNotPresent",
-                                "command": ["python", "-c", ADAPTER_SERVER.format(adapters=ADAPTERS, base=BASE)],
-                                "ports": [{"name": "http", "containerPort": 8000}],
-                                "readinessProbe": {
-                                    "httpGet": {"path": "/sql-coder/adapter_config.json", "port": "http"}
-                                },
-                                "securityContext": {
-                                    "allowPrivilegeEscalation": False,
-                                    "readOnlyRootFilesystem": True,
-                                    "capabilities": {"drop": ["ALL"]},
-                                },
-                                "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
-                            }
-                        ],
-                        "volumes": [{"name": "tmp", "emptyDir": {}}],
-                    },
-                },
-            },
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": "adapters", "namespace": POOL_NS},
-            "spec": {"selector": labels, "ports": [{"name": "http", "port": 8000, "targetPort": "http"}]},
-        },
-    ]
-    target.kubectl("apply", "-f", "-", input_text=yaml.safe_dump_all(docs))
+    target.kubectl(
+        "apply",
+        "-f",
+        "-",
+        input_text=yaml.safe_dump_all(adapter_server_manifests(POOL_NS, chart_image, ADAPTERS, BASE)),
+    )
     target.kubectl("rollout", "status", "deployment/adapters", "-n", POOL_NS, "--timeout=180s", timeout_s=200)
-    # The Service's ClusterIP, not its DNS name: the suite's real node runs no cluster DNS.
     address = target.kubectl("get", "service", "adapters", "-n", POOL_NS, "-o", "jsonpath={.spec.clusterIP}").stdout
-    return {name: f"http://{address}:8000/{name}" for name in ADAPTERS}
+    return adapter_sources(address, ADAPTERS)
 
 
 def pool_doc(sources: dict[str, str], engine_image: str) -> dict[str, Any]:

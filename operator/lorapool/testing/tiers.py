@@ -50,7 +50,9 @@ TIERS = (
     Tier("image build", "lorapool image build: base rootfs, wheelhouse, both Dockerfile targets (buildah)", 900, 15),
     Tier("images", "tests/image: the images imported into containerd and run as a node runs them", 120, 120),
     Tier("node", "tests/node: the real kubelet node (its start when first, a sim pod, a teardown run)", 240, 240),
-    Tier("e2e", "tests/e2e on the real node (its start when first): the chart, the operator and a pool as pods", 300, 300),
+    Tier(
+        "e2e", "tests/e2e on the real node (its start when first): the chart, the operator and a pool as pods", 300, 300
+    ),
     Tier("pytest overhead", "collection, interpreter start-up, time between tests", 120, 120),
 )
 BY_NAME = {t.name: t for t in TIERS}
