@@ -54,6 +54,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-data-plane", action="store_true", help="skip the local sim/sidecar/router processes")
     parser.add_argument("--timeout-seconds", type=float, default=180.0, help="how long to wait for Ready")
     parser.add_argument(
+        "--node",
+        choices=("kwok", "real"),
+        default="kwok",
+        help="kwok: fake nodes, the data plane as local processes (default); real: a real kubelet node"
+        " in a network namespace of its own, every component a pod (root, containerd)",
+    )
+    parser.add_argument(
         "--engine",
         choices=("sim", "vllm"),
         default="sim",
@@ -112,6 +119,8 @@ def _run(args: argparse.Namespace) -> int:
     state.mkdir(parents=True, exist_ok=True)
     for stale in ("router-url", "gateway-url"):
         (state / stale).unlink(missing_ok=True)
+    if getattr(args, "node", "kwok") == "real":
+        return _run_on_real_node(args)
     pool_doc, text, start_engine = _playground_manifests(args, state)
     pool = parse_object(pool_doc)
     ns, name = pool.metadata.namespace, pool.metadata.name
@@ -141,6 +150,21 @@ def _run(args: argparse.Namespace) -> int:
         cluster.stop()
         for url_file in ("router-url", "gateway-url"):
             (state / url_file).unlink(missing_ok=True)
+
+
+def _run_on_real_node(args: argparse.Namespace) -> int:
+    import yaml
+
+    from lorapool.cluster.node import missing_prerequisites
+    from lorapool.dev_node import run_real
+
+    if args.engine != "sim" or args.no_data_plane:
+        raise SystemExit("lorapool dev: --node real runs the sim image as the engine; drop --engine/--no-data-plane")
+    if problems := missing_prerequisites():
+        raise SystemExit(f"lorapool dev: --node real cannot run here: {'; '.join(problems)}")
+    text = args.filename.read_text() if args.filename else _example()
+    pool_doc = next(d for d in yaml.safe_load_all(text) if d and d.get("kind") == "LoRAPool")
+    return run_real(args, pool_doc, _say)
 
 
 def _playground_manifests(args: argparse.Namespace, state: Path) -> tuple[dict[str, Any], str, Any]:

@@ -25,6 +25,7 @@ from lorapool.testing.tiers import BY_NAME, TIMES_ENV, TOTAL_COLD_S, Measured, t
         ("tests/image/test_images.py", ["images"], "images"),
         ("tests/image/test_recipe.py", [], "unit"),
         ("tests/router/test_extproc_envoy.py", ["envoy"], "envoy"),
+        ("tests/node/test_real_node.py", ["node", "slow"], "node"),
     ],
     ids=[
         "e2e by place",
@@ -36,6 +37,7 @@ from lorapool.testing.tiers import BY_NAME, TIMES_ENV, TOTAL_COLD_S, Measured, t
         "images",
         "the images' pure core",
         "envoy",
+        "the real node",
     ],
 )
 def test_tier_of(path: str, markers: list[str], tier: str) -> None:

