@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import NoReturn
 
 import pytest
 
@@ -30,15 +31,19 @@ def in_ci() -> bool:
     return bool(os.environ.get("CI"))
 
 
+def missing(message: str) -> NoReturn:
+    """A prerequisite is missing: pytest.fail under CI (it must provide it), pytest.skip elsewhere."""
+    if in_ci():
+        pytest.fail(f"CI is set and {message}", pytrace=False)
+    pytest.skip(message)
+
+
 def engine_or_skip() -> EngineInstall:
     """The installed engine; without it: pytest.fail in CI, pytest.skip (saying how) elsewhere."""
     install = find_engine()
     if install is not None:
         return install
-    message = f"vLLM CPU engine not installed; {INSTALL_HINT}"
-    if in_ci():
-        pytest.fail(f"CI is set and {message}", pytrace=False)
-    pytest.skip(message)
+    missing(f"vLLM CPU engine not installed; {INSTALL_HINT}")
 
 
 def parser_or_skip(version: str) -> ParserVenv:
@@ -46,10 +51,7 @@ def parser_or_skip(version: str) -> ParserVenv:
     venv = find_parser(version)
     if venv is not None:
         return venv
-    message = f"vLLM {version}'s CLI parser not installed; run `lorapool engine install && lorapool engine parsers`"
-    if in_ci():
-        pytest.fail(f"CI is set and {message}", pytrace=False)
-    pytest.skip(message)
+    missing(f"vLLM {version}'s CLI parser not installed; run `lorapool engine install && lorapool engine parsers`")
 
 
 @contextmanager
