@@ -1,6 +1,6 @@
 """Regime (e): a large catalog over many replicas, k-of-N placement against all-replica routing.
 
-    python bench/run.py --large-catalog          # the four systems of regime (e), ~15 min on 2 cores
+    python bench/run.py --large-catalog          # the five systems of regime (e), ~19 min on 2 cores
 
 Every adapter is registered on every replica at start (``--lora-modules``, as the other regimes
 do). ``lorapool placement``'s replicas then keep only their share (registered last, so their CPU
@@ -45,7 +45,7 @@ from typing import Any
 
 from bench import results
 from bench.loadgen import Outcome, Planned, Workload, adapter_name, percentile, schedule
-from bench.scenarios import LORAPOOL_AFFINITY, LORAPOOL_PLACEMENT
+from bench.scenarios import ENVOY_PICKER, LORAPOOL_AFFINITY, LORAPOOL_PLACEMENT
 from bench.systems import FleetSpec, System, started_in_parallel
 from lorapool.api import requests as router_requests
 from lorapool.api.models import LoRAPool
@@ -622,6 +622,8 @@ SYSTEMS: tuple[System, ...] = (
     System("lorapool affinity", "lorapool", "affinity"),
     System(CONSISTENT_HASH, "vllm-router", "consistent_hash"),
     System("lorapool round-robin", "lorapool", "round-robin"),
+    # the second front door over the same all-replica fleet: its goodput against lorapool affinity's (issue 24)
+    System(ENVOY_PICKER, "envoy-picker", "affinity"),
 )
 
 

@@ -8,7 +8,9 @@ of the shared machine hits all of them. Capacity: the highest rate whose median 
 within 5 ms. The load generator is one Python process too: where it falls behind its own
 schedule (direct, > 1 % of sends late) the curve measures it, not the routers, and the report
 says so. Relay: streamed requests on a real-time replica; the first chunk's arrival (TTFT)
-directly vs through lorapool, nginx and Envoy with the lorapool picker.
+directly vs through lorapool, nginx and Envoy with the lorapool picker. Envoy alone (round robin) and
+Envoy asking a policy-free ext_proc server (``bench.noop_ext_proc``) split the picker's cost into
+Envoy's, the ext_proc round trips' and the policy's.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.loadgen import Workload, percentile, run_open_loop, schedule
-from bench.scenarios import ENVOY_PICKER, LORAPOOL_AFFINITY, lorapool_system
+from bench.scenarios import ENVOY_ALONE, ENVOY_NOOP, ENVOY_PICKER, LORAPOOL_AFFINITY, lorapool_system
 from bench.systems import FleetSpec, System, sim_fleet
 from lorapool.api.common import RouterPolicy
 
@@ -35,9 +37,11 @@ SYSTEMS = (
     lorapool_system(RouterPolicy.AFFINITY),
     System("nginx round-robin", "nginx"),
     System(ENVOY_PICKER, "envoy-picker", str(RouterPolicy.AFFINITY)),
+    System(ENVOY_NOOP, "envoy-noop"),
+    System(ENVOY_ALONE, "envoy"),
     System("vllm-router round_robin", "vllm-router", "round_robin"),
 )
-RELAY_SYSTEMS = SYSTEMS[:4]
+RELAY_SYSTEMS = SYSTEMS[:6]
 
 
 def _stats(outcomes: list[Any], late: int) -> dict[str, Any]:

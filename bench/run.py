@@ -5,7 +5,7 @@
     python bench/run.py --merge --skip-overhead --only c-uniform-poisson   # re-measure some cells
     python bench/run.py --report-only                  # rewrite RESULTS.md from results.json
     python bench/run.py --real-engine                  # the vLLM CPU cell (bench/real_engine.py), ~8 min
-    python bench/run.py --large-catalog                # regime (e) (bench/large_catalog.py): 4 systems, ~15 min
+    python bench/run.py --large-catalog                # regime (e) (bench/large_catalog.py): 5 systems, ~19 min
     python bench/run.py --chaos                        # the chaos cell (bench/chaos.py): a replica killed, ~6 min
 
 Every run starts fresh simulator replicas (cold caches, same seed), then one system in front

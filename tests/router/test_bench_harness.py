@@ -79,3 +79,24 @@ def test_bench_smoke_through_the_router(start_sim: StartSim, start_router: Start
     assert s["requests"] == len(plan) > 5
     assert s["completed"] == s["requests"], s["codes"]
     assert s["tokens"] == 3 * s["completed"]  # every streamed token was counted
+
+
+@pytest.mark.envoy
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["envoy", "envoy-noop"])
+def test_the_pickers_floors_proxy_every_request(start_sim: StartSim, kind: str) -> None:
+    """Envoy alone and Envoy with the policy-free ext_proc server (the overhead cell's floors under
+    the picker) answer streamed requests through a real Envoy, every token relayed."""
+    from bench.systems import System
+    from lorapool.testing.envoy import envoy_or_skip
+
+    envoy_or_skip()
+    plan = [
+        p.__class__(p.at_s, "sql", p.prompt, p.max_tokens)
+        for p in schedule(Workload(rate_rps=40, duration_s=0.5, adapters=1, output_tokens=(3, 3)))
+    ]
+    with System(kind, kind).start([start_sim(time_scale=0)]) as url:
+        result = asyncio.run(run_open_loop(url, plan, drain_timeout_s=30))
+    s = summarize(result, window_s=0.5, slo_ttft_s=5.0)
+    assert s["completed"] == s["requests"] == len(plan) > 5, s["codes"]
+    assert s["tokens"] == 3 * s["completed"]

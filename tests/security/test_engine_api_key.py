@@ -1,4 +1,5 @@
-"""The engines' API key (spec.security.apiKeySecretRef) is sent by the router and the sidecar.
+"""The engines' API key (spec.security.apiKeySecretRef) is sent by the router, the sidecar and,
+through the gateway, set by the endpoint picker.
 
 vLLM started with an API key refuses every /v1 route without ``Authorization: Bearer <key>``
 (401); /health and /metrics stay open. The simulator has no key, so a small gate in front of
@@ -24,8 +25,9 @@ from aiohttp import web
 
 from lorapool.render.names import ENGINE_API_KEY_ENV
 from lorapool.testing.components import Component, router_argv, sidecar_argv, start_sim
+from lorapool.testing.envoy import GatewayConfig, bootstrap, envoy_or_skip, start_envoy
 from lorapool.testing.peft import write_peft_adapter
-from lorapool.testing.processes import free_port, start_process
+from lorapool.testing.processes import free_port, free_ports, start_process
 from lorapool.testing.wait import wait_until
 
 BASE = "meta-llama/Meta-Llama-3-8B-Instruct"
@@ -127,6 +129,26 @@ def test_the_router_sends_the_engines_key_not_the_clients(gate: KeyGate) -> None
     ):
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="the-clients-own-key", max_retries=0)
         wait_until("router sees the backend", lambda: client.models.list().data, 30, retry_on=(openai.APIError,))
+        answer = client.completions.create(model=BASE, prompt="hello", max_tokens=4)
+        assert answer.choices[0].text
+    assert "POST /v1/completions" in gate.accepted
+    assert gate.refused == []
+
+
+@pytest.mark.envoy
+def test_the_picker_sets_the_engines_key_on_what_the_gateway_sends(gate: KeyGate) -> None:
+    """The gateway sends the request to the engine itself: the picker's answer sets the key over the client's."""
+    envoy_or_skip()
+    port, ext_proc, listen, admin = free_ports(4)
+    url = f"http://127.0.0.1:{port}"
+    flags = ["--ext-proc-port", str(ext_proc), "--ext-proc-insecure"]
+    router = start_process(
+        router_argv(port, [gate.url], extra=flags), f"{url}/livez", 60, env={ENGINE_API_KEY_ENV: KEY}
+    )
+    cfg = GatewayConfig(listen_port=listen, picker=f"127.0.0.1:{ext_proc}", admin_port=admin, tls=False)
+    with Component(url, router), start_envoy(bootstrap(cfg)) as envoy:
+        client = openai.OpenAI(base_url=f"{envoy.url}/v1", api_key="the-clients-own-key", max_retries=0)
+        wait_until("the picker sees the backend", lambda: client.models.list().data, 30, retry_on=(openai.APIError,))
         answer = client.completions.create(model=BASE, prompt="hello", max_tokens=4)
         assert answer.choices[0].text
     assert "POST /v1/completions" in gate.accepted

@@ -423,6 +423,16 @@ class GatewaySpec(Wire):
         },
     )
 
+    message_timeout_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        le=60,
+        description="The gateway's ext_proc message timeout, as set on it (Envoy: message_timeout, default 0.2; "
+        "Envoy Gateway: EnvoyExtensionPolicy extProc messageTimeout): the picker holds a request for an adapter "
+        "slot at most this minus 50 ms. Set it above 2 (the router's max wait) on the gateway and here to keep "
+        "adapter grouping's holds; default: Envoy's 0.2.",
+    )
+
     @field_validator("cidrs")
     @classmethod
     def _cidrs(cls, value: list[str]) -> list[str]:

@@ -95,6 +95,8 @@ def picker_args(pool: LoRAPool) -> list[str]:
             "--ext-proc-tls-key",
             f"{names.EXT_PROC_TLS_MOUNT}/tls.key",
         ]
+    if (timeout := pool.spec.router.gateway.message_timeout_seconds) is not None:
+        args += ["--ext-proc-message-timeout", f"{timeout:g}"]
     # Without a Secret the picker makes a self-signed certificate in memory at start: TLS by default.
     return args
 

@@ -192,7 +192,7 @@ async def _start_picker(
         return None
     from lorapool.router.picker.server import start_picker
 
-    return await start_picker(scheduler, telemetry, settings, counter)
+    return await start_picker(scheduler, telemetry, settings, counter, engine_auth_headers())
 
 
 async def _start_site(app: web.Application, settings: RouterSettings) -> web.AppRunner:

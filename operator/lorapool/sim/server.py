@@ -25,6 +25,7 @@ from typing import Any
 from aiohttp import web
 
 from lorapool import __version__
+from lorapool.api.vllm_versions import CPU_TIER
 from lorapool.sim import protocol
 from lorapool.sim.adapters import AdapterLoadError, read_adapter
 from lorapool.sim.engine import (
@@ -262,7 +263,9 @@ class SimServer:
         return web.Response(status=200)
 
     async def version(self, request: web.Request) -> web.Response:
-        return _json_response({"version": f"lorapool-sim {__version__}"})
+        # The release it takes on, so a sidecar or router reads its metrics by that release's row;
+        # the local part says it is the simulator (api.vllm_versions.family_name ignores it).
+        return _json_response({"version": f"{CPU_TIER}+lorapool.sim.{__version__}"})
 
     async def metrics_text(self, request: web.Request) -> web.Response:
         response = web.Response(body=self.metrics.render())

@@ -96,25 +96,55 @@ def bootstrap(cfg: GatewayConfig) -> dict[str, Any]:
     }
 
 
+def round_robin_bootstrap(listen_port: int, admin_port: int, endpoints: Sequence[str]) -> dict[str, Any]:
+    """Envoy as a plain round-robin proxy over ``endpoints`` (ip:port), no picker: Envoy's own cost,
+    the baseline the benchmark measures the picker's round trips against (pure)."""
+    routes = {
+        "name": "inference",
+        "virtual_hosts": [
+            {
+                "name": "pool",
+                "domains": ["*"],
+                "routes": [{"match": {"prefix": "/"}, "route": {"cluster": "rr", "timeout": "0s"}}],
+            }
+        ],
+    }
+    return {
+        "admin": {"address": _address("127.0.0.1", admin_port)},
+        "static_resources": {
+            "listeners": [_http_listener("127.0.0.1", listen_port, routes, [_ROUTER_FILTER])],
+            "clusters": [_static_cluster("rr", endpoints)],
+        },
+    }
+
+
+_ROUTER_FILTER: dict[str, Any] = {
+    "name": "envoy.filters.http.router",
+    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
+}
+
+
 def _listener(cfg: GatewayConfig) -> dict[str, Any]:
+    filters = [
+        _header_to_metadata("request_rules", SUBSET, "envoy.lb.subset_hint"),
+        _ext_proc(cfg),
+        _header_to_metadata("response_rules", SERVED, "envoy.lb", remove=not cfg.expose_served),
+        _ROUTER_FILTER,
+    ]
+    return _http_listener(cfg.listen_host, cfg.listen_port, _routes(cfg), filters)
+
+
+def _http_listener(host: str, port: int, routes: dict[str, Any], filters: list[dict[str, Any]]) -> dict[str, Any]:
     hcm = {
         "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "inference",
         "stream_idle_timeout": "0s",  # a held or slow generation is not idle: the route's timeouts govern
-        "route_config": _routes(cfg),
-        "http_filters": [
-            _header_to_metadata("request_rules", SUBSET, "envoy.lb.subset_hint"),
-            _ext_proc(cfg),
-            _header_to_metadata("response_rules", SERVED, "envoy.lb", remove=not cfg.expose_served),
-            {
-                "name": "envoy.filters.http.router",
-                "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
-            },
-        ],
+        "route_config": routes,
+        "http_filters": filters,
     }
     return {
         "name": "inference",
-        "address": _address(cfg.listen_host, cfg.listen_port),
+        "address": _address(host, port),
         # A 30 MB body passes: buffered in BUFFERED mode, flow-controlled in the streamed ones.
         "per_connection_buffer_limit_bytes": 64 * 1024 * 1024,
         "filter_chains": [

@@ -79,21 +79,28 @@ def in_subset(endpoint: str, subset: frozenset[str]) -> bool:
     return endpoint in subset or endpoint.rsplit(":", 1)[0].strip("[]") in subset
 
 
-def _mutation(endpoints: Sequence[str]) -> tuple[Any, struct_pb2.Struct]:
-    value = ",".join(endpoints)
-    header = base_pb2.HeaderValueOption(
-        header=base_pb2.HeaderValue(key=DESTINATION, raw_value=value.encode()),
-        append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,  # never a client's own value
+def _overwrite(key: str, value: str) -> Any:
+    """A header set over whatever the client sent under that name (never a client's own value)."""
+    return base_pb2.HeaderValueOption(
+        header=base_pb2.HeaderValue(key=key, raw_value=value.encode()),
+        append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
     )
+
+
+def _mutation(endpoints: Sequence[str], upstream: Mapping[str, str]) -> tuple[Any, struct_pb2.Struct]:
+    value = ",".join(endpoints)
+    headers = [_overwrite(DESTINATION, value), *(_overwrite(k.lower(), v) for k, v in upstream.items())]
     metadata = struct_pb2.Struct()
     metadata.update({LB_NAMESPACE: {DESTINATION: value}})
-    return ext.HeaderMutation(set_headers=[header]), metadata
+    return ext.HeaderMutation(set_headers=headers), metadata
 
 
-def picked(endpoints: Sequence[str], *, phase: str) -> Response:
+def picked(endpoints: Sequence[str], *, phase: str, upstream: Mapping[str, str] | None = None) -> Response:
     """The pick (primary first, then fallbacks) as the answer to ``phase``: ``request_headers``, or
-    ``request_body`` when the headers were already let through unanswered (BUFFERED)."""
-    mutation, metadata = _mutation(endpoints)
+    ``request_body`` when the headers were already let through unanswered (BUFFERED). ``upstream``:
+    headers the engines need on every request (their API key, as the HTTP router sends it), set over
+    the client's: the gateway sends the request to the engine itself."""
+    mutation, metadata = _mutation(endpoints, upstream or {})
     common = ext.CommonResponse(header_mutation=mutation, clear_route_cache=True)
     if phase == "request_headers":
         return ext.ProcessingResponse(request_headers=ext.HeadersResponse(response=common), dynamic_metadata=metadata)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import grpc
@@ -52,9 +53,14 @@ class RunningPicker:
 
 
 async def start_picker(
-    scheduler: Scheduler, telemetry: Telemetry, settings: RouterSettings, requests: RequestCounter
+    scheduler: Scheduler,
+    telemetry: Telemetry,
+    settings: RouterSettings,
+    requests: RequestCounter,
+    upstream: Mapping[str, str] | None = None,
 ) -> RunningPicker:
-    """Listen on ``--ext-proc-port`` (and ``--ext-proc-health-port``); returns the running servers."""
+    """Listen on ``--ext-proc-port`` (and ``--ext-proc-health-port``); returns the running servers.
+    ``upstream``: headers set on every picked request (the engines' API key)."""
     assert settings.ext_proc_port is not None
     # One message may carry a whole request body (BUFFERED, or a fast client): up to --max-body-bytes.
     message_bytes = max(settings.max_body_bytes + MESSAGE_SLACK_BYTES, 4 * 1024 * 1024)
@@ -65,7 +71,7 @@ async def start_picker(
         ("grpc.max_send_message_length", message_bytes),
     ]
     server = grpc.aio.server(options=options)
-    picker = Picker(scheduler, telemetry, settings, requests, Endpoints())
+    picker = Picker(scheduler, telemetry, settings, requests, Endpoints(), upstream)
     external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(picker, server)
     address = f"{settings.host}:{settings.ext_proc_port}"
     if settings.ext_proc_insecure:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,9 +71,11 @@ class Picker:
         settings: RouterSettings,
         requests: RequestCounter,
         endpoints: Endpoints,
+        upstream: Mapping[str, str] | None = None,
     ) -> None:
         self.scheduler, self.telemetry, self.settings = scheduler, telemetry, settings
         self.requests, self.endpoints = requests, endpoints
+        self.upstream = dict(upstream or {})  # set on every picked request (the engines' API key)
         self.hold_s = max(0.0, settings.ext_proc_message_timeout_s - HOLD_MARGIN_S)
 
     async def Process(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
@@ -167,7 +169,7 @@ class Picker:
         chosen = [ex.lease.backend]
         if self.settings.ext_proc_fallbacks:
             chosen += self.scheduler.alternatives(ex.lease, outside, self.settings.ext_proc_fallbacks)
-        return protocol.picked([self.endpoints.of(b) for b in chosen], phase=phase)
+        return protocol.picked([self.endpoints.of(b) for b in chosen], phase=phase, upstream=self.upstream)
 
     def _outside_subset(self, subset: frozenset[str] | None) -> frozenset[str] | None:
         """The backends the subset hint rules out (the request counts them as tried); None: it rules out all."""
@@ -188,7 +190,7 @@ class Picker:
         if not live:
             return self._refuse_now(ex, 503, "no backend is up; retry later", "ServiceUnavailable", retry=True)
         best = min(live, key=lambda s: s.inflight_total)
-        return protocol.picked([self.endpoints.of(best.id)], phase=phase)
+        return protocol.picked([self.endpoints.of(best.id)], phase=phase, upstream=self.upstream)
 
     def _refuse_now(
         self, ex: _Exchange, status: int, message: str, kind: str, *, param: str | None = None, retry: bool = False
