@@ -45,6 +45,9 @@ class AdapterRef:
     name: str
     rank: int
     path: str
+    # vLLM 0.32 after a load_inplace: the cached request keeps the flag, and the worker's
+    # add_adapter re-reads it from disk at every step whose batch holds it (0.34 resets the flag)
+    reread: bool = False
 
 
 @dataclass(slots=True, eq=False)
@@ -420,6 +423,9 @@ class Engine:
         events: list[LoadEvent] = []
         gpu, cpu = self._gpu, self._cpu
         for lora_id, ref in batch.items():
+            if ref.reread:
+                gpu.pop(lora_id, None)
+                cpu.pop(lora_id, None)
             if lora_id in gpu:
                 gpu.move_to_end(lora_id)
                 if lora_id in cpu:
