@@ -18,6 +18,8 @@ What it reproduces from vLLM (``vllm/v1/core/sched/scheduler.py``, ``vllm/lora/`
 * GPU slots (``max_loras``) and a CPU cache (``max_cpu_loras``), both least-recently-used; a
   batch adapter missing from the slots is loaded inside the step, from the CPU cache or from
   disk, and the whole batch waits for it;
+* vLLM 0.32's sticky ``load_inplace`` (``AdapterRef.reread``, set by the shell from the release's
+  row): such an adapter is read from disk again at every step whose batch holds it;
 * step time from ``TimingParams``: batch size, prefill tokens, distinct adapters, load stalls.
 
 What it leaves out: prefix caching, speculative decoding, priorities, n > 1, beam search.
