@@ -16,7 +16,11 @@ the parser's module moved (0.32 ``vllm.entrypoints.launchers.cli_args``, 0.34
 in-place load, so every later request for that adapter re-reads it from disk (0.34 resets it:
 ``vllm/entrypoints/openai/models/serving.py``). The rest of what lorapool touches is the same
 code in both (``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter``, ``LoRARequestStates``,
-``LoRAConfig``'s checks): compared in their sources.
+``LoRAConfig``'s checks): compared in their sources. The LoRA errors a client sees are the same
+words and types in both (``serving.py``'s load/unload checks, the worker manager, ``PEFTHelper``'s
+refusals); 0.34's ``LoRAConfig`` adds two start-up refusals (``moe_backend``, an architecture
+without LoRA support) that concern the base model, which the simulator does not vary, so no row
+carries errors.
 """
 
 from __future__ import annotations
@@ -89,6 +93,18 @@ def release_of(version: str) -> VllmRelease | None:
     """The supported release of ``version``'s family (patch releases share a row); None: unsupported."""
     family = family_name(version)
     return next((r for r in SUPPORTED.values() if r.family == family), None)
+
+
+def resolve(value: str) -> VllmRelease:
+    """The row a user names: a family ("0.34") or a full supported version ("0.34.0").
+
+    ValueError lists the supported releases; ``lorapool sim --vllm-version`` and tests call it."""
+    text = value.strip()
+    row = SUPPORTED.get(text) or (release_of(text) if re.fullmatch(r"\d+\.\d+", text) else None)
+    if row is None:
+        names = ", ".join(f"{r.family} ({r.version})" for r in SUPPORTED.values())
+        raise ValueError(f"{value!r} is not a supported vLLM release; supported: {names}")
+    return row
 
 
 def image_version(image: str) -> str | None:
