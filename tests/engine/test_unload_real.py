@@ -171,11 +171,15 @@ def test_unload_forgets_the_name_only_and_a_reload_reads_the_disk_under_a_new_id
 
         # Unload: the name is gone, the copy is not.
         engine.unload("a")
-        assert "a" not in engine.names()
+        assert engine.names() == set()
         gone = engine.complete("a")
         assert gone.status == 404, gone.text
-        error = gone.json()["error"]
-        assert error["type"] == "NotFoundError" and error["message"].startswith("The model `a` does not exist."), error
+        assert gone.json()["error"] == {
+            "message": f"The model `a` does not exist. Valid aliases: {BASE}.",
+            "type": "NotFoundError",
+            "param": "model",
+            "code": 404,
+        }
         assert engine.cached() == {f2, a1}, "the unloaded copy is still in the CPU cache"
 
         # Re-load from the same path: a new id, read from disk; it takes the slot the dead copy held.
