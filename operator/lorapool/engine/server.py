@@ -145,13 +145,15 @@ def start_engine(
     install: EngineInstall | None = None,
     sim_extra: Sequence[str] = (),
     timeout_s: float | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> RunningProcess:
     """Start the engine and return once ``/health`` answers 200; ProcessError (with its output) if not.
 
-    The result is a context manager that stops the process (SIGTERM, then SIGKILL).
+    ``env`` is added last (e.g. ``lora_cache.INSPECT_ENV``). The result is a context manager that
+    stops the process (SIGTERM, then SIGKILL).
     """
-    argv, env, default_timeout = engine_command(kind, cfg, install=install, sim_extra=sim_extra)
-    return start_process(argv, f"{cfg.url}/health", timeout_s or default_timeout, env=env)
+    argv, base_env, default_timeout = engine_command(kind, cfg, install=install, sim_extra=sim_extra)
+    return start_process(argv, f"{cfg.url}/health", timeout_s or default_timeout, env={**base_env, **(env or {})})
 
 
 def stop_engine(proc: RunningProcess, timeout_s: float = 30.0) -> int:
