@@ -114,3 +114,15 @@ def image_version(image: str) -> str | None:
     if repository.rsplit("/", 1)[-1] != IMAGE_REPOSITORY.rsplit("/", 1)[-1] or not tag.startswith("v"):
         return None
     return tag[1:] if family_name(tag) else None
+
+
+VERSION_CHARS = 64  # longer answers are not a version (and would bloat the report)
+
+
+def version_of(body: object) -> str | None:
+    """The version in an engine's ``GET /version`` answer (``{"version": "0.32.0"}``); None when the
+    answer is not one (junk, another server, an over-long string): unknown, never guessed."""
+    version = body.get("version") if isinstance(body, dict) else None
+    if not isinstance(version, str) or not 0 < len(version) <= VERSION_CHARS or not version.isprintable():
+        return None
+    return version.strip() or None
