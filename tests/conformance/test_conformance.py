@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from lorapool.api.vllm_versions import CPU_TIER
 from lorapool.sim.metrics import LATENCY_BUCKETS, TTFT_BUCKETS
 from lorapool.testing.scrape import latest_labels, samples
 from lorapool.testing.wait import wait_until
@@ -547,6 +548,8 @@ def test_more_adapters_in_flight_than_slots_wait_and_none_fails(engine: Engine) 
 
 def test_every_tolerated_difference_is_in_the_sim_readme() -> None:
     text = SIM_README.read_text()
+    header = f"| case | vLLM {CPU_TIER} CPU (the release its `/version` answered) | simulator (`--vllm-version {CPU_TIER}`) |"
+    assert header in text, f"the tolerance table in {SIM_README} must name the release the rows ran, {CPU_TIER}"
     for case in CASES:
         if case.sim is not None:
             assert case.why, f"case {case.id}: a tolerated difference needs a reason"

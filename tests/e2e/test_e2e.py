@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from lorapool.api.models import DEFAULT_LORAPOOL_IMAGE
+from lorapool.api.vllm_versions import CPU_TIER
 from lorapool.testing.adapter_server import manifests as adapter_server_manifests
 from lorapool.testing.adapter_server import sources as adapter_sources
 from lorapool.testing.peft import write_peft_adapter
@@ -230,6 +231,21 @@ def test_pool_is_ready_with_plan_status_and_a_current_generation(pool: dict[str,
     assert status["plan"]["maxLoraRank"] == 16 and status["plan"]["maxLoras"] >= len(ADAPTERS)
     assert {a["name"]: a["rank"] for a in status["adapters"]} == ADAPTERS
     assert status["readyReplicas"] == 2 and status["endpoint"] == f"http://{POOL}.{POOL_NS}.svc:8000/v1"
+
+
+def test_the_status_names_the_release_every_engine_runs(e2e_target: Target, pool: dict[str, Any]) -> None:
+    """The sidecars read GET /version and the operator counts the Ready engines by it (the sim image
+    answers the CPU tier's release); kubectl get shows it in the vLLM column."""
+
+    def versions() -> list[dict[str, Any]] | None:
+        got = json.loads(e2e_target.kubectl("get", POOLS, POOL, "-n", POOL_NS, "-o", "json").stdout)
+        rows = got.get("status", {}).get("engineVersions") or []
+        return rows if sum(r["replicas"] for r in rows) == 2 else None
+
+    rows = wait_until("both engines' releases in the status", versions, 60)
+    assert [(r["version"].split("+")[0], r["replicas"], r["supported"]) for r in rows] == [(CPU_TIER, 2, True)]
+    table = e2e_target.kubectl("get", POOLS, POOL, "-n", POOL_NS).stdout
+    assert "VLLM" in table.splitlines()[0] and CPU_TIER in table
 
 
 def test_children_are_owned_and_use_the_charts_image(e2e_target: Target, release: str, pool: dict[str, Any]) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from lorapool.api.vllm_versions import CPU_TIER, SUPPORTED, release_of
 from lorapool.engine import fixtures
 from lorapool.engine.install import (
     STAMP,
@@ -110,7 +111,8 @@ def test_both_engines_get_the_same_flags() -> None:
     install = EngineInstall(Path("/e"), "0.32.0")
     flags = common_flags(cfg)
     assert vllm_argv(cfg, install) == ["/e/bin/vllm", "serve", "/m", *flags]
-    assert sim_argv(cfg, python="py") == ["py", "-m", "lorapool.cli", "sim", "--model", "/m", *flags]
+    sim = ["py", "-m", "lorapool.cli", "sim", "--model", "/m", *flags, "--vllm-version", CPU_TIER]
+    assert sim_argv(cfg, python="py") == sim
     assert flags == [
         "--host", "127.0.0.1", "--port", "8123", "--served-model-name", "tiny-llama", "--max-model-len", "512",
         "--seed", "0", "--enable-lora", "--max-loras", "2", "--max-lora-rank", "16", "--max-cpu-loras", "4",
@@ -121,6 +123,17 @@ def test_both_engines_get_the_same_flags() -> None:
     assert env["HF_HUB_OFFLINE"] == "1" and env["VLLM_CPU_KVCACHE_SPACE"] == "1"
     with pytest.raises(ValueError, match="engine kind 'tgi'"):
         engine_command("tgi", cfg, install=install)  # type: ignore[arg-type]
+
+
+def test_the_sim_runs_any_supported_release_and_vllm_only_the_cpu_build() -> None:
+    install = EngineInstall(Path("/e"), CPU_TIER)
+    for release in SUPPORTED.values():
+        cfg = ServeConfig(model="/m", port=8123, vllm_version=release.family)
+        argv, _, _ = engine_command("sim", cfg)
+        assert argv[-2:] == ["--vllm-version", release.family]
+        if release_of(release.version) != release_of(CPU_TIER):
+            with pytest.raises(ValueError, match=f"the CPU engine is vLLM {CPU_TIER}"):
+                engine_command("vllm", cfg, install=install)
 
 
 def test_the_tiny_model_is_deterministic_and_shaped_as_its_config() -> None:

@@ -184,6 +184,12 @@ def lorapool_crd() -> dict[str, Any]:
         {"name": "Replicas", "type": "string", "jsonPath": ".status.readyReplicas", "description": "Ready engine pods"},
         {"name": "MaxLoRAs", "type": "integer", "jsonPath": ".status.plan.maxLoras"},
         {"name": "Rank", "type": "integer", "jsonPath": ".status.plan.maxLoraRank"},
+        {
+            "name": "vLLM",
+            "type": "string",
+            "jsonPath": ".status.engineVersions[*].version",
+            "description": "vLLM releases the Ready engines run",
+        },
         {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint", "priority": 1},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]

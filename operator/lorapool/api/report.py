@@ -13,6 +13,8 @@ writes, in one strategic-merge patch of its Pod's ``status`` subresource,
   readiness gate, so a pod joins the Service with its adapters, while a broken adapter
   (which fails on every replica alike) keeps no pod out.
 
+- under the key ``ver``, the engine's vLLM version as its ``GET /version`` answers (absent when
+  not read), which the operator shows in ``status.engineVersions``;
 - under the annotation's key ``obs``, the engine's **observations** over the last closed window
   (``Observations``: distinct adapters per batch, slot waits, KV usage, preemptions, per-adapter
   load), read by sizing (``lorapool.plan.sizing``) and placement. They change once per window,
@@ -32,6 +34,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+
+from lorapool.api.vllm_versions import version_of
 
 ANNOTATION = "lorapool.io/adapters"
 SYNCED_CONDITION = "lorapool.io/adapters-synced"
@@ -157,6 +161,7 @@ class ReplicaReport:
     engine_healthy: bool
     adapters: Mapping[str, AdapterReport] = field(default_factory=dict)
     observations: Observations | None = None
+    engine_version: str | None = None  # the engine's GET /version; None: not read (yet) or not a version
 
     def holds(self, name: str, identity: str) -> bool:
         """True when the engine holds ``name`` at ``identity`` (full or short)."""
@@ -192,6 +197,8 @@ def encode(report: ReplicaReport) -> str:
     doc["adapters"] = adapters
     if report.observations is not None:
         doc["obs"] = _encode_observations(report.observations)
+    if report.engine_version is not None:
+        doc["ver"] = report.engine_version
     text = json.dumps(doc, separators=(",", ":"), sort_keys=True)
     if len(text) > MAX_DOCUMENT_BYTES:
         for entry in adapters.values():
@@ -223,6 +230,7 @@ def decode(text: str | None) -> ReplicaReport | None:
         engine_healthy=doc.get("engine") == "Healthy",
         adapters=adapters,
         observations=_decode_observations(doc.get("obs")),
+        engine_version=version_of({"version": doc.get("ver")}),
     )
 
 

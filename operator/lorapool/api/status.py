@@ -214,6 +214,17 @@ class SizingStatus(Status):
     )
 
 
+class EngineVersionStatus(Status):
+    """The engines that run one vLLM release, as their sidecars read it (GET /version)."""
+
+    version: str = Field(description="vLLM's own version string; 'unknown' when the engine answered none.")
+    replicas: int = Field(description="Ready engine pods that report it.")
+    supported: bool = Field(
+        description="A release lorapool supports (docs/vllm.md): only these engines' metrics are read, by sizing "
+        "and the router; set spec.vllm.image to a supported release otherwise."
+    )
+
+
 class LoRAPoolStatus(Status):
     """Observed state of a LoRAPool."""
 
@@ -241,6 +252,11 @@ class LoRAPoolStatus(Status):
     )
     sizing: SizingStatus | None = Field(
         default=None, description="The sizing loop's applied --max-loras (only with spec.lora.tuning.apply)."
+    )
+    engine_versions: list[EngineVersionStatus] = Field(
+        default_factory=list,
+        max_length=8,
+        description="The vLLM releases the Ready engine pods run (two while a new image rolls out).",
     )
 
 

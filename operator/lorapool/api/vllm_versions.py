@@ -16,7 +16,11 @@ the parser's module moved (0.32 ``vllm.entrypoints.launchers.cli_args``, 0.34
 in-place load, so every later request for that adapter re-reads it from disk (0.34 resets it:
 ``vllm/entrypoints/openai/models/serving.py``). The rest of what lorapool touches is the same
 code in both (``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter``, ``LoRARequestStates``,
-``LoRAConfig``'s checks): compared in their sources.
+``LoRAConfig``'s checks): compared in their sources. The LoRA errors a client sees are the same
+words and types in both (``serving.py``'s load/unload checks, the worker manager, ``PEFTHelper``'s
+refusals); 0.34's ``LoRAConfig`` adds two start-up refusals (``moe_backend``, an architecture
+without LoRA support) that concern the base model, which the simulator does not vary, so no row
+carries errors.
 """
 
 from __future__ import annotations
@@ -91,6 +95,18 @@ def release_of(version: str) -> VllmRelease | None:
     return next((r for r in SUPPORTED.values() if r.family == family), None)
 
 
+def resolve(value: str) -> VllmRelease:
+    """The row a user names: a family ("0.34") or a full supported version ("0.34.0").
+
+    ValueError lists the supported releases; ``lorapool sim --vllm-version`` and tests call it."""
+    text = value.strip()
+    row = SUPPORTED.get(text) or (release_of(text) if re.fullmatch(r"\d+\.\d+", text) else None)
+    if row is None:
+        names = ", ".join(f"{r.family} ({r.version})" for r in SUPPORTED.values())
+        raise ValueError(f"{value!r} is not a supported vLLM release; supported: {names}")
+    return row
+
+
 def image_version(image: str) -> str | None:
     """The vLLM version an official image reference names (``vllm/vllm-openai:v0.34.0`` -> ``0.34.0``);
     None for any other image (a private build, a digest, the simulator)."""
@@ -98,3 +114,15 @@ def image_version(image: str) -> str | None:
     if repository.rsplit("/", 1)[-1] != IMAGE_REPOSITORY.rsplit("/", 1)[-1] or not tag.startswith("v"):
         return None
     return tag[1:] if family_name(tag) else None
+
+
+VERSION_CHARS = 64  # longer answers are not a version (and would bloat the report)
+
+
+def version_of(body: object) -> str | None:
+    """The version in an engine's ``GET /version`` answer (``{"version": "0.32.0"}``); None when the
+    answer is not one (junk, another server, an over-long string): unknown, never guessed."""
+    version = body.get("version") if isinstance(body, dict) else None
+    if not isinstance(version, str) or not 0 < len(version) <= VERSION_CHARS or not version.isprintable():
+        return None
+    return version.strip() or None

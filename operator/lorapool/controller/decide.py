@@ -251,6 +251,15 @@ def presence(identities: Mapping[str, str], pods: Sequence[EnginePod]) -> dict[s
     return {n: Presence(loaded[n], loading[n], tuple(failures[n])) for n in identities}
 
 
+def engine_versions(pods: Sequence[EnginePod]) -> dict[str | None, int]:
+    """vLLM version -> serving engine pods whose sidecar reports it (None: it read no version)."""
+    counts: dict[str | None, int] = {}
+    for pod in pods:
+        if pod.report is not None and pod.serving:
+            counts[pod.report.engine_version] = counts.get(pod.report.engine_version, 0) + 1
+    return counts
+
+
 def observe(
     pool: LoRAPool,
     body: Mapping[str, Any],
@@ -280,6 +289,7 @@ def observe(
         presence=presence(decision.identities, pods),
         placement=decision.placement,
         gateway=gateway,
+        engine_versions=engine_versions(pods),
     )
 
 

@@ -25,11 +25,13 @@ from lorapool.api.status import (
     Condition,
     ConditionStatus,
     ConditionType,
+    EngineVersionStatus,
     LoRAAdapterStatus,
     LoRAPoolStatus,
     PlanStatus,
     condition,
 )
+from lorapool.api.vllm_versions import release_of
 from lorapool.controller.gateway import GatewayObserved, inference_pool_condition
 from lorapool.controller.holders import Placement
 
@@ -121,6 +123,9 @@ class Observed:
     presence: Mapping[str, Presence] = field(default_factory=dict)  # adapter name -> what the engines hold
     placement: Placement | None = None  # where each adapter lives (controller.holders)
     gateway: GatewayObserved | None = None  # the gateway door (controller.gateway); None with frontDoor router
+    engine_versions: Mapping[str | None, int] = field(
+        default_factory=dict
+    )  # vLLM version -> Ready pods (None: unknown)
 
     def of(self, name: str) -> Presence:
         return self.presence.get(name, NOWHERE)
@@ -153,7 +158,20 @@ def pool_status(o: Observed) -> LoRAPoolStatus:
         endpoint=o.endpoint or None,
         inference_pool=o.gateway.ref if o.gateway is not None else None,
         selector=o.selector,
+        engine_versions=engine_versions(o.engine_versions),
     )
+
+
+MAX_VERSIONS = 8
+
+
+def engine_versions(counts: Mapping[str | None, int]) -> list[EngineVersionStatus]:
+    """The releases the Ready engines report, most replicas first (bounded; a rollout has two)."""
+    rows = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0] is None, kv[0] or ""))[:MAX_VERSIONS]
+    return [
+        EngineVersionStatus(version=v or "unknown", replicas=n, supported=v is not None and release_of(v) is not None)
+        for v, n in rows
+    ]
 
 
 def _adapter_status(a: AdapterResult, p: Presence, placement: Placement | None, replicas: int) -> AdapterStatus:

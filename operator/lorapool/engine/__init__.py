@@ -8,6 +8,7 @@ its adapters are written locally. Everything is cached under ``$LORAPOOL_CACHE/e
     install.py    install/find the cached vLLM CPU venv (``lorapool engine install``)
     tinymodel.py  the tiny Llama model and PEFT adapters for it
     server.py     ``vllm serve`` / ``lorapool sim`` argv + env from one config, and a start helper
+    lora_cache.py what a running vLLM holds in its LoRA caches (dev-mode RPC, DEBUG log): the unload tests
     replicas.py   several replicas on one machine: a port and a core each, started in parallel
     playground.py ``lorapool dev --engine vllm``: tiny-model vLLM per engine pod, tiny adapters
     cli.py        ``lorapool engine install|model|adapter|serve``

@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from lorapool.api.vllm_versions import CPU_TIER, release_of
 from lorapool.engine.install import CPU_ENV, EngineInstall, require_engine
 from lorapool.testing.processes import RunningProcess, descendants, start_process
 
@@ -71,6 +72,9 @@ class ServeConfig:
     # VLLM_CPU_OMP_THREADS_BIND for vllm: None = vLLM's "auto", which on 2 cores pins every
     # server's compute threads to core 0 (core 1 reserved); give two replicas "0" and "1".
     cpu_threads_bind: str | None = None
+    # The vLLM release: the sim takes it on (--vllm-version); vllm runs the installed CPU build,
+    # which is api.vllm_versions.CPU_TIER's release, so it refuses any other
+    vllm_version: str = CPU_TIER
 
     @property
     def url(self) -> str:
@@ -113,7 +117,8 @@ def vllm_env(cfg: ServeConfig) -> dict[str, str]:
 
 def sim_argv(cfg: ServeConfig, *, python: str = sys.executable, extra: Sequence[str] = ()) -> list[str]:
     """``lorapool sim --model MODEL <same flags>``; ``extra`` adds simulator-only flags. Pure."""
-    return [python, "-m", "lorapool.cli", "sim", "--model", cfg.model, *common_flags(cfg), *extra]
+    version = ["--vllm-version", cfg.vllm_version]
+    return [python, "-m", "lorapool.cli", "sim", "--model", cfg.model, *common_flags(cfg), *version, *extra]
 
 
 def sim_env(cfg: ServeConfig) -> dict[str, str]:
@@ -125,6 +130,8 @@ def engine_command(
 ) -> tuple[list[str], dict[str, str], float]:
     """argv, added env and start timeout for ``kind``; vllm needs the installed engine."""
     if kind == "vllm":
+        if release_of(cfg.vllm_version) != release_of(CPU_TIER):
+            raise ValueError(f"vllm_version {cfg.vllm_version!r}: the CPU engine is vLLM {CPU_TIER}; use the sim")
         return vllm_argv(cfg, install or require_engine()), vllm_env(cfg), VLLM_START_TIMEOUT_S
     if kind == "sim":
         return sim_argv(cfg, extra=sim_extra), sim_env(cfg), SIM_START_TIMEOUT_S
@@ -138,13 +145,15 @@ def start_engine(
     install: EngineInstall | None = None,
     sim_extra: Sequence[str] = (),
     timeout_s: float | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> RunningProcess:
     """Start the engine and return once ``/health`` answers 200; ProcessError (with its output) if not.
 
-    The result is a context manager that stops the process (SIGTERM, then SIGKILL).
+    ``env`` is added last (e.g. ``lora_cache.INSPECT_ENV``). The result is a context manager that
+    stops the process (SIGTERM, then SIGKILL).
     """
-    argv, env, default_timeout = engine_command(kind, cfg, install=install, sim_extra=sim_extra)
-    return start_process(argv, f"{cfg.url}/health", timeout_s or default_timeout, env=env)
+    argv, base_env, default_timeout = engine_command(kind, cfg, install=install, sim_extra=sim_extra)
+    return start_process(argv, f"{cfg.url}/health", timeout_s or default_timeout, env={**base_env, **(env or {})})
 
 
 def stop_engine(proc: RunningProcess, timeout_s: float = 30.0) -> int:

@@ -1,4 +1,5 @@
-"""Keeps each backend's state fresh: /metrics and /v1/models every ``poll_interval_s``.
+"""Keeps each backend's state fresh: /metrics and /v1/models every ``poll_interval_s``, the metrics
+read by the backend's release (its ``GET /version``: an unknown one is read as nothing).
 
 A connection refusal takes a backend out of rotation at once; slow or broken answers only
 after ``poll_failures_down`` in a row (a busy engine can be slow to render /metrics). A
@@ -14,6 +15,7 @@ from typing import Any
 import aiohttp
 
 from lorapool.api.vllm_metrics import parse_metrics
+from lorapool.api.vllm_versions import version_of
 from lorapool.router.core.state import ReadOnlyBackendState
 from lorapool.router.scheduler import Scheduler
 from lorapool.router.settings import RouterSettings
@@ -29,6 +31,9 @@ class Poller:
         self.session = session
         self.settings = settings
         self._failures: dict[str, int] = {}
+        # Each backend's GET /version (api.vllm_versions.version_of; None: not a version), read when
+        # first polled and again after a failed poll (it may have restarted as another release).
+        self._versions: dict[str, str | None] = {}
         self._models_refresh: asyncio.Task[None] | None = None
         self._last_models_refresh = -1e9
         scheduler.refresh_models = self.refresh_models
@@ -53,11 +58,13 @@ class Poller:
     async def _poll(self, state: ReadOnlyBackendState) -> None:
         self.scheduler.scrape_started(state)
         try:
+            if state.id not in self._versions:
+                self._versions[state.id] = await self._version(state)
             page, models = await asyncio.gather(
                 self._get(f"{state.id}/metrics", as_json=False),
                 self._get(f"{state.id}/v1/models", as_json=True),
             )
-            metrics = parse_metrics(page)
+            metrics = parse_metrics(page, self._versions[state.id] or "unknown")  # unknown: nothing read
             cards = models.get("data") if isinstance(models, dict) else None
             if not isinstance(cards, list):
                 raise ValueError("/v1/models has no data list")
@@ -72,7 +79,15 @@ class Poller:
             log.info("Marked backend up", extra={"backend": state.id})
         self.scheduler.polled(state, metrics, (c for c in cards if isinstance(c, dict)))
 
+    async def _version(self, state: ReadOnlyBackendState) -> str | None:
+        """The backend's release; None when it answers no version (another server: routed, not read)."""
+        try:
+            return version_of(await self._get(f"{state.id}/version", as_json=True))
+        except (aiohttp.ClientResponseError, ValueError):
+            return None
+
     def _failed(self, state: ReadOnlyBackendState, reason: str, *, at_once: bool) -> None:
+        self._versions.pop(state.id, None)
         count = self._failures.get(state.id, 0) + 1
         self._failures[state.id] = count
         if state.up and (at_once or count >= self.settings.poll_failures_down):

@@ -252,7 +252,8 @@ class Agent:
             now=self.clock(),
         )
         report = replica_report(desired, self.state, self.rejected, engine_healthy=self.engine_healthy)
-        return pod_patch(replace(report, observations=self.observer.latest), condition)
+        report = replace(report, observations=self.observer.latest, engine_version=self.observer.version)
+        return pod_patch(report, condition)
 
     async def _relay_stop(self, stop: asyncio.Event) -> None:
         await stop.wait()

@@ -81,9 +81,13 @@ class Sample:
         return self.waiting > 0 and self.kv_usage >= KV_FREE_BELOW
 
 
-def parse_sample(text: str) -> Sample:
-    """Parse an engine's /metrics page; missing series keep their defaults, junk raises ValueError."""
-    return Sample.of(parse_metrics(text))
+def parse_sample(text: str, version: str | None = None) -> Sample:
+    """Parse an engine's /metrics page by its version's row (``api.vllm_metrics``); missing series
+    keep their defaults; junk, or a version no row reads (nothing is guessed), raises ValueError."""
+    metrics = parse_metrics(text, version)
+    if metrics.family is None:
+        raise ValueError(f"the engine's version {version!r} is not a release a metrics row reads (api.vllm_metrics)")
+    return Sample.of(metrics)
 
 
 def histogram_quantile(

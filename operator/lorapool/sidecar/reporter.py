@@ -25,12 +25,13 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
 
 from lorapool.api.report import Observations
+from lorapool.api.vllm_versions import version_of
 from lorapool.podstatus import ApiServer, PodRef, patch_status
 from lorapool.podstatus import session as api_session
 from lorapool.sidecar.observations import Window, parse_sample
@@ -102,6 +103,17 @@ class Reporter:
         self.on_write(True)
 
 
+async def read_version(session: aiohttp.ClientSession, url: str, headers: Mapping[str, str]) -> str | None:
+    """An engine's ``GET /version``; None when it does not answer one (``version_of``)."""
+    async with session.get(url, headers=dict(headers)) as resp:
+        if resp.status != 200:
+            return None
+        try:
+            return version_of(await resp.json(content_type=None))
+        except ValueError:
+            return None
+
+
 class Observer:
     """Samples the engine's ``/metrics`` every ``sample_s``; ``latest`` is the last closed window."""
 
@@ -123,6 +135,8 @@ class Observer:
         self.clock = clock
         self.latest: Observations | None = None
         self.last_error: str | None = None
+        self.version_url = engine_url.rstrip("/") + "/version"
+        self.version: str | None = None  # the engine's GET /version, read again after any failed scrape
 
     async def run(self, stop: asyncio.Event) -> None:
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
@@ -135,10 +149,12 @@ class Observer:
     async def sample(self, session: aiohttp.ClientSession) -> None:
         """One scrape; a failed one is skipped (the window's time weights absorb the gap)."""
         try:
+            if self.version is None or self.last_error is not None:  # first, or the engine may have restarted
+                self.version = await self._read_version(session)
             async with session.get(self.url, headers=self.headers) as resp:
                 if resp.status != 200:
                     raise RuntimeError(f"HTTP {resp.status} from {self.url}")
-                sample = parse_sample(await resp.text())
+                sample = parse_sample(await resp.text(), self.version or "unknown")  # unknown: nothing read
         except (aiohttp.ClientError, TimeoutError, RuntimeError, OSError, ValueError) as exc:
             error = f"{type(exc).__name__}: {exc}"
             if error != self.last_error:
@@ -148,3 +164,9 @@ class Observer:
         self.last_error = None
         if (closed := self.window.add(sample, self.clock())) is not None:
             self.latest = closed
+
+    async def _read_version(self, session: aiohttp.ClientSession) -> str | None:
+        version = await read_version(session, self.version_url, self.headers)
+        if version != self.version:
+            log.info("Engine version", extra={"kv": {"url": self.version_url, "version": version or "unknown"}})
+        return version

@@ -17,6 +17,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from lorapool import logs
+from lorapool.api import vllm_versions
 from lorapool.api.peft import VLLM_RANKS
 from lorapool.sim.timing import DEFAULT_PROFILE, PROFILES, timing_fields
 
@@ -100,6 +101,16 @@ def _simulator_flags(parser: argparse.ArgumentParser) -> None:
     sim.add_argument(
         "--profile", default=DEFAULT_PROFILE, choices=sorted(PROFILES), help="GPU and model (default %(default)s)"
     )
+    sim.add_argument(
+        "--vllm-version",
+        default=vllm_versions.CPU_TIER,
+        metavar="V",
+        help="the vLLM release to behave as: "
+        + ", ".join(r.family for r in vllm_versions.SUPPORTED.values())
+        + " or a full version; it answers GET /version with it, reads as its metrics row and, on a release "
+        "whose load_inplace flag sticks (0.32), re-reads an adapter loaded in place from disk at every step "
+        "that runs it (default %(default)s, the real-engine tier's; docs/vllm.md)",
+    )
     sim.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
 
 
@@ -145,6 +156,10 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | os._E
     from lorapool.sim.server import SimSettings
     from lorapool.sim.timing import kv_cache_tokens
 
+    try:
+        release = vllm_versions.resolve(args.vllm_version)
+    except ValueError as exc:
+        raise ValueError(f"--vllm-version: {exc}") from exc
     profile = PROFILES[args.profile]
     overrides = {f.name: value for f in timing_fields() if (value := getattr(args, f"timing_{f.name}")) is not None}
     timing = profile.timing.with_overrides(**overrides)
@@ -188,6 +203,7 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | os._E
         seed=args.seed,
         allow_runtime_lora_updating=runtime_lora_updating_allowed(environ),
         lora_modules=tuple(parse_lora_module(spec) for spec in args.lora_modules),
+        release=release,
     )
 
 
@@ -214,7 +230,7 @@ async def _serve(settings: SimSettings) -> int:
     engine = settings.engine
     log.info(
         "Started vLLM simulator url=http://%s:%d model=%s enable_lora=%s max_loras=%d max_cpu_loras=%d "
-        "max_lora_rank=%d kv_cache_tokens=%d time_scale=%g runtime_lora_updating=%s",
+        "max_lora_rank=%d kv_cache_tokens=%d time_scale=%g runtime_lora_updating=%s vllm_version=%s",
         settings.host,
         server.port,
         settings.served_model_names[0],
@@ -225,6 +241,7 @@ async def _serve(settings: SimSettings) -> int:
         engine.num_gpu_blocks * engine.block_size,
         settings.time_scale,
         settings.allow_runtime_lora_updating,
+        settings.release.version,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

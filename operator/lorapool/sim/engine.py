@@ -18,6 +18,8 @@ What it reproduces from vLLM (``vllm/v1/core/sched/scheduler.py``, ``vllm/lora/`
 * GPU slots (``max_loras``) and a CPU cache (``max_cpu_loras``), both least-recently-used; a
   batch adapter missing from the slots is loaded inside the step, from the CPU cache or from
   disk, and the whole batch waits for it;
+* vLLM 0.32's sticky ``load_inplace`` (``AdapterRef.reread``, set by the shell from the release's
+  row): such an adapter is read from disk again at every step whose batch holds it;
 * step time from ``TimingParams``: batch size, prefill tokens, distinct adapters, load stalls.
 
 What it leaves out: prefix caching, speculative decoding, priorities, n > 1, beam search.
@@ -45,6 +47,9 @@ class AdapterRef:
     name: str
     rank: int
     path: str
+    # vLLM 0.32 after a load_inplace: the cached request keeps the flag, and the worker's
+    # add_adapter re-reads it from disk at every step whose batch holds it (0.34 resets the flag)
+    reread: bool = False
 
 
 @dataclass(slots=True, eq=False)
@@ -420,6 +425,9 @@ class Engine:
         events: list[LoadEvent] = []
         gpu, cpu = self._gpu, self._cpu
         for lora_id, ref in batch.items():
+            if ref.reread:
+                gpu.pop(lora_id, None)
+                cpu.pop(lora_id, None)
             if lora_id in gpu:
                 gpu.move_to_end(lora_id)
                 if lora_id in cpu:

@@ -13,6 +13,10 @@ first request's first token until its last request ends; ``Engine.listed_adapter
 adapter whose requests all wait is in neither. Series for earlier label sets stay in the output
 with their older timestamps. A reader takes the series with the largest value, as the Gateway
 API Inference Extension does. Simulator-only series are under ``sim:`` so nobody mistakes them for vLLM's.
+
+The names of the facts lorapool reads come from the release's row of ``api.vllm_metrics.FAMILIES``
+(``--vllm-version``), so the simulator writes what that reader reads; the 0.32 and 0.34 rows name
+the same metrics today, so both releases' pages are the same.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from lorapool.api.vllm_metrics import DEFAULT_FAMILY, FAMILIES, Family
 from lorapool.sim.engine import FINISH_REASONS, Engine
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -41,8 +46,11 @@ LATENCY_BUCKETS = (
 class SimMetrics:
     """The /metrics registry of one simulator process."""
 
-    def __init__(self, engine: Engine, model_name: str, time_scale: float) -> None:
+    def __init__(
+        self, engine: Engine, model_name: str, time_scale: float, family: Family = FAMILIES[DEFAULT_FAMILY]
+    ) -> None:
         self.engine = engine
+        self.family = family
         self.model_name = model_name
         self.time_scale = time_scale
         self.overrun_s = 0.0  # wall seconds the stepper started later than its schedule
@@ -53,7 +61,7 @@ class SimMetrics:
         self.registry = CollectorRegistry(auto_describe=False)
         labels = (model_name, "0")
         self.ttft = Histogram(
-            "vllm:time_to_first_token_seconds",
+            family.ttft_bucket.removesuffix("_bucket"),
             "Histogram of time to first token in seconds.",
             _LABELS,
             registry=self.registry,
@@ -108,23 +116,28 @@ class _EngineCollector(Collector):
             family.add_metric(labels, value)
             return family
 
-        yield gauge("vllm:num_requests_running", "Number of requests in model execution batches.", engine.num_running)
-        yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", engine.num_waiting)
-        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", engine.kv_cache_usage)
+        row = m.family
+        yield gauge(row.running, "Number of requests in model execution batches.", engine.num_running)
+        yield gauge(row.waiting, "Number of requests waiting to be processed.", engine.num_waiting)
+        yield gauge(row.kv_usage[0], "KV-cache usage. 1 means 100 percent usage.", engine.kv_cache_usage)
         yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.", stats.prompt_tokens)
         yield counter("vllm:generation_tokens", "Number of generation tokens processed.", stats.generation_tokens)
-        yield counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", stats.preemptions)
+        yield counter(
+            row.preemptions[0].removesuffix("_total"),
+            "Cumulative number of preemption from the engine.",
+            stats.preemptions,
+        )
         success = CounterMetricFamily(
-            "vllm:request_success",
+            row.finished[0].removesuffix("_total"),
             "Count of successfully processed requests.",
             labels=(*_LABELS, "finished_reason"),
         )
         for reason in FINISH_REASONS:
             success.add_metric([*labels, reason], stats.finished[reason])
         yield success
-        if engine.config.enable_lora:
+        if engine.config.enable_lora and row.lora_info is not None:
             info = GaugeMetricFamily(
-                "vllm:lora_requests_info",
+                row.lora_info,
                 "Running stats on lora requests.",
                 labels=("max_lora", "waiting_lora_adapters", "running_lora_adapters"),
             )

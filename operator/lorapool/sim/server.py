@@ -25,7 +25,8 @@ from typing import Any
 from aiohttp import web
 
 from lorapool import __version__
-from lorapool.api.vllm_versions import CPU_TIER
+from lorapool.api.vllm_metrics import FAMILIES
+from lorapool.api.vllm_versions import CPU_TIER, SUPPORTED, VllmRelease
 from lorapool.sim import protocol
 from lorapool.sim.adapters import AdapterLoadError, read_adapter
 from lorapool.sim.engine import (
@@ -71,6 +72,7 @@ class SimSettings:
     seed: int
     allow_runtime_lora_updating: bool
     lora_modules: tuple[LoRAModule, ...] = ()
+    release: VllmRelease = SUPPORTED[CPU_TIER]  # the vLLM release it behaves as (--vllm-version)
 
 
 class _Waiter:
@@ -93,7 +95,8 @@ class SimServer:
     def __init__(self, settings: SimSettings) -> None:
         self.settings = settings
         self.engine = Engine(settings.engine, settings.timing)
-        self.metrics = SimMetrics(self.engine, settings.served_model_names[0], settings.time_scale)
+        family = FAMILIES[settings.release.family]
+        self.metrics = SimMetrics(self.engine, settings.served_model_names[0], settings.time_scale, family)
         self.base_names = frozenset(settings.served_model_names)
         self.adapters: dict[str, AdapterRef] = {}
         self._next_lora_id = 1
@@ -265,7 +268,7 @@ class SimServer:
     async def version(self, request: web.Request) -> web.Response:
         # The release it takes on, so a sidecar or router reads its metrics by that release's row;
         # the local part says it is the simulator (api.vllm_versions.family_name ignores it).
-        return _json_response({"version": f"{CPU_TIER}+lorapool.sim.{__version__}"})
+        return _json_response({"version": f"{self.settings.release.version}+lorapool.sim.{__version__}"})
 
     async def metrics_text(self, request: web.Request) -> web.Response:
         response = web.Response(body=self.metrics.render())
@@ -430,7 +433,7 @@ class SimServer:
             if not self.settings.engine.enable_lora:
                 return _error(400, "BadRequestError", "LoRA is not enabled. Use --enable-lora to enable LoRA.")
             try:
-                ref = self._adapter_ref(name, path, existing)
+                ref = self._adapter_ref(name, path, existing, inplace=inplace)
             except AdapterLoadError as exc:
                 log.info("Refused LoRA adapter name=%s path=%s reason=%r", name, path, exc.message)
                 return _error(exc.status, exc.err_type, exc.message)
@@ -455,14 +458,19 @@ class SimServer:
         log.info("Unloaded LoRA adapter name=%s", name)
         return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
-    def _adapter_ref(self, name: str, path: str, existing: AdapterRef | None = None) -> AdapterRef:
+    def _adapter_ref(
+        self, name: str, path: str, existing: AdapterRef | None = None, *, inplace: bool = False
+    ) -> AdapterRef:
+        """``inplace`` on a release whose flag sticks (0.32): the cached request keeps ``load_inplace``,
+        so vLLM's worker re-reads the adapter at every step that runs it (``AdapterRef.reread``)."""
         files = read_adapter(name, path, max_lora_rank=self.settings.engine.max_lora_rank)
         if existing is not None:
             lora_id = existing.lora_id  # load_inplace keeps vLLM's lora_int_id
         else:
             lora_id = self._next_lora_id
             self._next_lora_id += 1
-        return AdapterRef(lora_id=lora_id, name=name, rank=files.config.rank, path=path)
+        reread = inplace and self.settings.release.inplace_flag_sticks
+        return AdapterRef(lora_id=lora_id, name=name, rank=files.config.rank, path=path, reread=reread)
 
 
 async def _read_json(request: web.Request) -> Any:

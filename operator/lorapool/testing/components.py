@@ -60,6 +60,7 @@ def sim_argv(
     seed: int | None = None,
     log_level: str | None = None,
     lora_modules: Mapping[str, str | PathLike[str]] | None = None,
+    vllm_version: str | None = None,
     extra: Sequence[str] = (),
 ) -> list[str]:
     """``lorapool sim`` with vLLM's flag names; ``None`` leaves a flag at the simulator's default."""
@@ -69,7 +70,7 @@ def sim_argv(
     argv += _opt("--max-loras", max_loras) + _opt("--max-lora-rank", max_lora_rank)
     argv += _opt("--max-cpu-loras", max_cpu_loras) + _opt("--max-num-seqs", max_num_seqs)
     argv += _opt("--time-scale", None if time_scale is None else f"{time_scale:g}")
-    argv += _opt("--seed", seed) + _opt("--log-level", log_level)
+    argv += _opt("--seed", seed) + _opt("--log-level", log_level) + _opt("--vllm-version", vllm_version)
     if lora_modules:
         argv += ["--lora-modules", *(f"{name}={path}" for name, path in lora_modules.items())]
     return [*argv, *extra]
