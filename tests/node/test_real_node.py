@@ -102,6 +102,22 @@ def host_state() -> dict[str, Any]:
     }
 
 
+def start_time(pid: int) -> str | None:
+    """A process's start time in clock ticks (/proc/PID/stat field 22); None when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def exited(pid: int) -> bool:
+    """Gone, or a zombie waiting for its parent to reap it."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True
+
+
 @pytest.mark.timeout(300)
 def test_teardown_leaves_no_namespace_bridge_mount_cgroup_process_or_sysctl_change(tmp_path: Path) -> None:
     require_real_node()
@@ -118,6 +134,7 @@ def test_teardown_leaves_no_namespace_bridge_mount_cgroup_process_or_sysctl_chan
         node.kubectl("apply", "-f", "-", input_text=yaml.safe_dump(pause))
         wait_until("the pause pod Ready", lambda: ready(node, "pause"), 60, interval_s=0.5)
         pids = node.netns.pids()
+        started = {pid: start_time(pid) for pid in pids}
         assert len(pids) >= 8, "control plane, containerd, shims, kubelet and kube-proxy run in the namespace"
         assert node.names.cgroup_root.lstrip("/") in " ".join(host_state()["cgroups"])
         assert mounts_under(run_dir), "the kubelet and containerd mount volumes and rootfs under the run dir"
@@ -126,7 +143,8 @@ def test_teardown_leaves_no_namespace_bridge_mount_cgroup_process_or_sysctl_chan
     mounts = Path("/proc/self/mounts").read_text()
     assert str(run_dir) not in mounts and node.names.netns not in mounts
     assert not node.netns.exists()
-    assert [pid for pid in pids if Path(f"/proc/{pid}").exists()] == []
+    # The same process (pid and start time: a busy host reuses pids), still running (a zombie has ended).
+    assert [pid for pid in pids if start_time(pid) == started[pid] and not exited(pid)] == []
     assert not run_dir.exists()
     if before["sysctls"]["vm/overcommit_memory"] != "1":  # else another real node runs: nothing to restore
         # The kubelet did rewrite VM-wide sysctls while it ran; they were put back.
