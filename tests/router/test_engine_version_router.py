@@ -6,15 +6,13 @@ page whose ``lora_requests_info`` lists two foreign adapters in the running batc
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
 
 import pytest
 from aiohttp import web
 
-from lorapool.testing.processes import free_port
 from lorapool.testing.scrape import samples, scrape
+from lorapool.testing.threaded_app import serve_app
 from lorapool.testing.wait import wait_until
 
 from .conftest import StartRouter
@@ -27,46 +25,24 @@ def page() -> str:
     return f'vllm:num_requests_running{{model_name="m"}} 2.0\n{info} {time.time()}\n'
 
 
-class FakeEngine:
-    """An engine-shaped HTTP server in a thread, answering ``version`` at GET /version."""
+def engine_app(version: object) -> web.Application:
+    """An engine-shaped app answering ``version`` at GET /version (None: no such route)."""
 
-    def __init__(self, version: object) -> None:
-        self.version, self.port = version, free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="fake-engine")
-        self.runner: web.AppRunner | None = None
+    async def version_route(request: web.Request) -> web.Response:
+        return web.json_response(version) if version is not None else web.Response(status=404)
 
-    async def _version(self, request: web.Request) -> web.Response:
-        return web.json_response(self.version) if self.version is not None else web.Response(status=404)
-
-    async def _metrics(self, request: web.Request) -> web.Response:
+    async def metrics(request: web.Request) -> web.Response:
         return web.Response(text=page())
 
-    async def _models(self, request: web.Request) -> web.Response:
+    async def models(request: web.Request) -> web.Response:
         cards = [{"id": "m", "root": "m", "parent": None}, {"id": "x", "root": "/a/x", "parent": "m"}]
         return web.json_response({"object": "list", "data": cards})
 
-    async def _start(self) -> None:
-        app = web.Application()
-        app.router.add_get("/version", self._version)
-        app.router.add_get("/metrics", self._metrics)
-        app.router.add_get("/v1/models", self._models)
-        self.runner = web.AppRunner(app)
-        await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
-
-    def __enter__(self) -> FakeEngine:
-        self.thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.runner is not None:
-            asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
+    app = web.Application()
+    app.router.add_get("/version", version_route)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/v1/models", models)
+    return app
 
 
 @pytest.mark.parametrize(
@@ -77,8 +53,8 @@ class FakeEngine:
 def test_foreign_adapters_are_read_only_from_a_known_release(
     start_router: StartRouter, version: object, foreign: int
 ) -> None:
-    with FakeEngine(version) as engine:
-        router = start_router([engine.url])
+    with serve_app(engine_app(version)) as engine:
+        router = start_router([engine])
 
         def gauges() -> tuple[float, float] | None:
             got = samples(scrape(router))

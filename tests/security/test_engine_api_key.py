@@ -9,12 +9,11 @@ the way the rendered pods get it (env VLLM_API_KEY).
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from types import TracebackType
 
@@ -28,6 +27,7 @@ from lorapool.testing.components import Component, router_argv, sidecar_argv, st
 from lorapool.testing.envoy import GatewayConfig, bootstrap, envoy_or_skip, start_envoy
 from lorapool.testing.peft import write_peft_adapter
 from lorapool.testing.processes import free_port, free_ports, start_process
+from lorapool.testing.threaded_app import serve_app
 from lorapool.testing.wait import wait_until
 
 BASE = "meta-llama/Meta-Llama-3-8B-Instruct"
@@ -39,13 +39,10 @@ class KeyGate:
 
     def __init__(self, upstream: str, key: str) -> None:
         self.upstream, self.key = upstream, key
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = ""
         self.accepted: list[str] = []
         self.refused: list[str] = []
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="key-gate")
-        self._runner: web.AppRunner | None = None
+        self._stack = ExitStack()
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         line = f"{request.method} {request.path}"
@@ -63,24 +60,14 @@ class KeyGate:
         ):
             return web.Response(body=await resp.read(), status=resp.status, content_type=resp.content_type)
 
-    async def _start(self) -> None:
+    def __enter__(self) -> KeyGate:
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
-
-    def __enter__(self) -> KeyGate:
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
+        self.url = self._stack.enter_context(serve_app(app))
         return self
 
     def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
-        if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
+        self._stack.close()
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ simulator process, and small real HTTP servers answering what other engines answ
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
@@ -13,7 +12,7 @@ from aiohttp import web
 from lorapool.api.vllm_versions import CPU_TIER
 from lorapool.sidecar.reporter import Observer
 from lorapool.testing.components import start_sim
-from lorapool.testing.processes import free_port
+from lorapool.testing.threaded_app import serve_app
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -35,24 +34,19 @@ def test_the_simulator_is_read_as_the_release_it_takes_on() -> None:
     assert observer.last_error is None and len(observer.window._samples) == 2
 
 
-async def fake_engine(version: object) -> AsyncIterator[str]:
-    async def version_handler(request: web.Request) -> web.Response:
+def engine_app(version: object) -> web.Application:
+    """An engine-shaped app answering ``version`` at GET /version (None: no such route)."""
+
+    async def version_route(request: web.Request) -> web.Response:
         return web.json_response(version) if version is not None else web.Response(status=404)
 
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(text=PAGE)
 
     app = web.Application()
-    app.router.add_get("/version", version_handler)
+    app.router.add_get("/version", version_route)
     app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    return app
 
 
 @pytest.mark.parametrize(
@@ -65,15 +59,8 @@ async def fake_engine(version: object) -> AsyncIterator[str]:
     ],
 )
 def test_an_engine_is_read_only_by_a_release_we_know(answer: object, version: str | None, read: bool) -> None:
-    async def run() -> Observer:
-        gen = fake_engine(answer)
-        url = await gen.__anext__()
-        try:
-            return await observe(url, scrapes=2)
-        finally:
-            await gen.aclose()
-
-    observer = asyncio.run(run())
+    with serve_app(engine_app(answer)) as url:
+        observer = asyncio.run(observe(url, scrapes=2))
     assert observer.version == version
     assert (len(observer.window._samples) == 2) is read
     assert (observer.last_error is None) is read
