@@ -24,7 +24,7 @@ from yarl import URL
 from lorapool.api.requests import encode
 from lorapool.router.core.admission import Refuse
 from lorapool.router.core.backend import Request
-from lorapool.router.core.openai import BadBody, error_body, requested_model, too_large_message
+from lorapool.router.core.openai import BadBody, error_body, parse_request, too_large_message
 from lorapool.router.core.requestcount import RequestCounter
 from lorapool.router.scheduler import Lease, Refused, Scheduler
 from lorapool.router.settings import RouterSettings
@@ -116,9 +116,10 @@ class Proxy:
         except web.HTTPRequestEntityTooLarge:
             return self._too_large(None), None, False
         try:
-            model = requested_model(body)
+            parsed = parse_request(body)
         except BadBody as exc:
             return error_response(exc.status, exc.message, exc.error_type, param=exc.param), None, False
+        model = parsed.model
         req = self.scheduler.request_for(model)
         # Counted once per client request, at admission: retries and waits do not count again.
         known_adapter = req.is_adapter and self.scheduler.known(model)

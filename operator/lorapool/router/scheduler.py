@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lorapool.api.report import ReplicaReport
+from lorapool.api.traffic import TrafficPolicy
 from lorapool.api.vllm_metrics import VllmMetrics
 from lorapool.router.core.admission import (
     Bind,
@@ -98,6 +99,8 @@ class Scheduler:
         self.clock = clock
         self._states: dict[str, BackendState] = {}
         self.queues: WaitQueues[_Waiter] = WaitQueues(limit=settings.max_queued)
+        # Every adapter's priority and limits (api.traffic; --traffic-file, re-read when it changes).
+        self.traffic = TrafficPolicy()
         # Set by the poller: re-reads /v1/models when a model is unknown everywhere.
         self.refresh_models: Callable[[], Awaitable[None]] | None = None
         telemetry.watch(self.backends, self.queues.depths)
@@ -122,7 +125,7 @@ class Scheduler:
         )
 
     def request_for(self, model: str) -> Request:
-        return Request(model, is_adapter=model not in self.base_models())
+        return Request(model, is_adapter=model not in self.base_models(), priority=self.traffic.of(model).priority)
 
     # --- what the shells tell it ----------------------------------------------------------
     def set_backends(self, urls: Iterable[str]) -> tuple[list[str], list[str]]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from lorapool.api.report import ReplicaReport
+from lorapool.api.traffic import Priority
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +21,8 @@ class Request:
     model: str
     # False for the base model: it runs without a LoRA slot.
     is_adapter: bool = True
+    # The adapter's traffic class (api.traffic; the router's --traffic-file says it).
+    priority: Priority = Priority.STANDARD
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ The HTTP proxy (``router.app``) and the endpoint picker (``router.picker``) read
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -26,8 +27,24 @@ def error_body(status: int, message: str, kind: str, param: str | None = None) -
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
-def requested_model(body: bytes) -> str:
-    """The ``model`` an OpenAI completions or chat body names; raises ``BadBody`` saying what is wrong."""
+@dataclass(frozen=True, slots=True)
+class RequestBody:
+    """What routing reads from an OpenAI completions or chat body (never logged: it holds the prompt)."""
+
+    model: str
+    # The prompt as text, in the order the engine sees it: ``prompt`` (a list's strings joined), or
+    # each chat message's role and text content; "" when the body has none the router can read.
+    prompt: str = ""
+    max_tokens: int | None = None  # max_tokens, else max_completion_tokens; None: the engine's default
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage: the last chunk carries usage
+
+
+def parse_request(body: bytes) -> RequestBody:
+    """Read an OpenAI completions or chat body; raises ``BadBody`` saying what is wrong.
+
+    Only ``model`` is required: the rest is read leniently (a field of the wrong type reads as
+    absent), because the engine, not the router, validates the request and words its 400."""
     try:
         payload = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -35,7 +52,41 @@ def requested_model(body: bytes) -> str:
     model = payload.get("model") if isinstance(payload, dict) else None
     if not isinstance(model, str) or not model:
         raise BadBody('request body needs a "model" string naming the base model or an adapter', "model")
-    return model
+    max_tokens = payload.get("max_tokens", payload.get("max_completion_tokens"))
+    options = payload.get("stream_options")
+    return RequestBody(
+        model=model,
+        prompt=_prompt_text(payload),
+        max_tokens=max_tokens if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) else None,
+        stream=payload.get("stream") is True,
+        include_usage=isinstance(options, dict) and options.get("include_usage") is True,
+    )
+
+
+def requested_model(body: bytes) -> str:
+    """The ``model`` an OpenAI completions or chat body names; raises ``BadBody`` saying what is wrong."""
+    return parse_request(body).model
+
+
+def _prompt_text(payload: dict[str, Any]) -> str:
+    prompt = payload.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+        return "".join(prompt)
+    messages = payload.get("messages")
+    if not isinstance(messages, list):
+        return ""
+    parts: list[str] = []
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
+        content = message.get("content")
+        if isinstance(content, list):  # content parts: only the text ones count
+            content = "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+        if isinstance(content, str):
+            parts.append(f"{message.get('role', '')}\n{content}\n")
+    return "".join(parts)
 
 
 def too_large_message(size: int | None, limit: int) -> str:

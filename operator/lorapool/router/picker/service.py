@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from lorapool.router.core.openai import BadBody, requested_model, too_large_message
+from lorapool.router.core.openai import BadBody, parse_request, too_large_message
 from lorapool.router.core.requestcount import RequestCounter
 from lorapool.router.picker import protocol
 from lorapool.router.picker.endpoints import Endpoints
@@ -138,7 +138,7 @@ class Picker:
             return []  # full duplex: Envoy takes body answers only after the header answer (the pick)
         chunks, ex.chunks = ex.chunks, []
         try:
-            model = requested_model(b"".join(chunks))
+            model = parse_request(b"".join(chunks)).model
         except BadBody as exc:
             return [self._refuse_now(ex, exc.status, exc.message, exc.error_type, param=exc.param)]
         answer = await self._pick(ex, model, phase="request_headers" if duplex else "request_body")

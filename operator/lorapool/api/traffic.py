@@ -1,0 +1,104 @@
+"""Per-adapter traffic rules: priority and rate limits. Pure data.
+
+The API fields (``spec.adapters[].traffic`` of a LoRAPool, ``spec.traffic`` of a LoRAAdapter)
+and the document the operator writes to ConfigMap ``<pool>-traffic`` (key ``traffic.json``) for
+the router, which reads it with ``--traffic-file``. Like the sidecars' ``AdapterSet`` it is the
+whole contract between the operator and the router on this subject, so it is versioned and strict.
+
+Priority is a small ordered set, not an integer as Gateway API Inference Extension's
+``InferenceObjective.priority``: three classes are what a router can keep apart under a flood
+(served first, served, shed first), a name says what it does where an integer says only "more",
+and every class has one documented weight. GIE's integers map onto it: > 0 critical, 0 standard,
+< 0 sheddable (GIE sheds negative priorities first too).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+TRAFFIC_API_VERSION = "lorapool.io/v1alpha1"
+TRAFFIC_CONFIGMAP_KEY = "traffic.json"
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, alias_generator=_camel)
+
+
+class Priority(StrEnum):
+    """An adapter's traffic class, most important first."""
+
+    CRITICAL = "critical"  # served first when the pool is saturated, never shed before the others
+    STANDARD = "standard"  # the default
+    SHEDDABLE = "sheddable"  # shed first (429) when the pool cannot keep up
+
+    @classmethod
+    def from_objective(cls, priority: int) -> Priority:
+        """GIE's InferenceObjective integer priority as a class (> 0 critical, 0 standard, < 0 sheddable)."""
+        return cls.CRITICAL if priority > 0 else cls.STANDARD if priority == 0 else cls.SHEDDABLE
+
+
+PRIORITY_ORDER: tuple[Priority, ...] = (Priority.CRITICAL, Priority.STANDARD, Priority.SHEDDABLE)
+
+
+class RateLimits(_Wire):
+    """Token-bucket limits for one adapter, for the whole pool (every router replica together)."""
+
+    requests_per_second: float | None = Field(
+        default=None, gt=0, le=100000, description="Sustained requests per second; unset: no request limit."
+    )
+    burst_requests: int | None = Field(
+        default=None,
+        ge=1,
+        le=1000000,
+        description="Requests allowed at once above the sustained rate; default: one second's worth (at least 1).",
+    )
+    tokens_per_minute: int | None = Field(
+        default=None,
+        ge=1,
+        le=10**10,
+        description="Sustained prompt + completion tokens per minute; unset: no token limit.",
+    )
+    burst_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=10**10,
+        description="Tokens allowed at once above the sustained rate; default: one minute's worth.",
+    )
+
+
+class AdapterTraffic(_Wire):
+    """How the router treats one adapter's requests."""
+
+    priority: Priority = Field(default=Priority.STANDARD, description="critical, standard or sheddable.")
+    limits: RateLimits | None = Field(default=None, description="Rate limits; unset: none.")
+
+
+DEFAULT_TRAFFIC = AdapterTraffic()
+
+
+class TrafficPolicy(_Wire):
+    """Every adapter's traffic rules for one pool: what ``--traffic-file`` holds."""
+
+    api_version: str = Field(default=TRAFFIC_API_VERSION, alias="apiVersion")
+    kind: str = Field(default="TrafficPolicy")
+    pool: str = ""
+    # Adapters not listed (and the base model) get DEFAULT_TRAFFIC.
+    adapters: dict[str, AdapterTraffic] = Field(default_factory=dict)
+
+    def of(self, model: str) -> AdapterTraffic:
+        """The rules for ``model``; the defaults when it has none."""
+        return self.adapters.get(model, DEFAULT_TRAFFIC)
+
+    def to_json(self) -> str:
+        return self.model_dump_json(by_alias=True, exclude_none=True, indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> TrafficPolicy:
+        return cls.model_validate_json(text)
