@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from lorapool.api.models import LoRAAdapter
 from lorapool.api.traffic import DEFAULT_TRAFFIC, AdapterTraffic, Priority, RateLimits, TrafficPolicy
 
 
@@ -50,3 +51,40 @@ def test_bad_rules_are_refused_naming_the_field(text: str, field: str) -> None:
 )
 def test_gateway_objective_priorities_map_onto_the_classes(objective: int, expected: Priority) -> None:
     assert Priority.from_objective(objective) == expected
+
+
+@pytest.mark.parametrize(
+    ("limits", "says"),
+    [
+        ({}, "requestsPerSecond or tokensPerMinute"),
+        ({"burstRequests": 5, "tokensPerMinute": 100}, "burstRequests must be given with requestsPerSecond"),
+        ({"burstTokens": 5, "requestsPerSecond": 1}, "burstTokens must be given with tokensPerMinute"),
+    ],
+)
+def test_limits_that_would_limit_nothing_are_refused_saying_the_fix(limits: dict[str, int], says: str) -> None:
+    with pytest.raises(ValidationError, match=says):
+        RateLimits.model_validate(limits)
+
+
+def test_bursts_default_to_one_second_of_requests_and_one_minute_of_tokens() -> None:
+    assert RateLimits(requests_per_second=0.5).request_burst == 1.0  # at least one request
+    assert RateLimits(requests_per_second=20).request_burst == 20.0
+    assert RateLimits(requests_per_second=20, burst_requests=3).request_burst == 3.0
+    assert RateLimits(tokens_per_minute=6000).token_burst == 6000.0
+    assert RateLimits(tokens_per_minute=6000, burst_tokens=100).token_burst == 100.0
+
+
+def test_a_loraadapters_traffic_reaches_the_pool_form() -> None:
+    adapter = LoRAAdapter.model_validate(
+        {
+            "metadata": {"name": "legal", "namespace": "ml"},
+            "spec": {
+                "poolRef": {"name": "llama3-8b"},
+                "source": "hf://acme/legal",
+                "traffic": {"priority": "critical", "limits": {"requestsPerSecond": 2}},
+            },
+        }
+    )
+    traffic = adapter.as_adapter().traffic
+    assert traffic is not None and traffic.priority == Priority.CRITICAL
+    assert traffic.limits == RateLimits(requests_per_second=2)

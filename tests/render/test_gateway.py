@@ -125,12 +125,14 @@ def test_a_tls_secret_is_mounted_read_only_and_self_signing_needs_no_volume(exam
     name = example_doc["metadata"]["name"]
     with_secret = render(pool_doc(example_doc, frontDoor="gateway", gateway={**GATEWAY, "tlsSecretName": "epp-tls"}))
     pod = router_pod(with_secret, name)
-    assert pod["volumes"] == [{"name": "epp-tls", "secret": {"secretName": "epp-tls", "defaultMode": 0o444}}]
-    assert pod["containers"][0]["volumeMounts"][0]["readOnly"] is True
+    tls = {"name": "epp-tls", "secret": {"secretName": "epp-tls", "defaultMode": 0o444}}
+    assert [v for v in pod["volumes"] if v["name"] == "epp-tls"] == [tls]
+    assert all(m["readOnly"] is True for m in pod["containers"][0]["volumeMounts"])
     assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
     self_signed = render(pool_doc(example_doc, frontDoor="gateway", gateway=GATEWAY))
     pod = router_pod(self_signed, name)
-    assert "volumes" not in pod and "--ext-proc-tls-cert" not in pod["containers"][0]["args"]
+    assert [v["name"] for v in pod["volumes"]] == ["traffic"]  # only the traffic ConfigMap
+    assert "--ext-proc-tls-cert" not in pod["containers"][0]["args"]
     assert "--ext-proc-message-timeout" not in pod["containers"][0]["args"]  # Envoy's default, the router's too
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import pytest
 from lorapool.api.adapterset import AdapterSet
 from lorapool.api.load import parse_object
 from lorapool.api.models import LoRAAdapter, LoRAPool
+from lorapool.api.traffic import TRAFFIC_CONFIGMAP_KEY, Priority, TrafficPolicy
 from lorapool.api.yamlio import dump_all
 from lorapool.plan.adapters import merge_adapters
 from lorapool.plan.planner import AdapterRank, plan_pool
@@ -135,3 +137,37 @@ def test_secrets_are_referenced_never_inlined(example_doc: dict[str, Any]) -> No
     example_doc["spec"]["credentials"] = {"huggingFace": {"name": "hf", "key": "token"}}
     text = dump_all(render(example_doc))
     assert "secretKeyRef" in text and "HF_TOKEN" in text
+
+
+def test_traffic_rules_change_only_the_traffic_configmap(example_doc: dict[str, Any]) -> None:
+    """Priorities and limits of inline adapters and LoRAAdapters reach the routers without a restart."""
+    before = render(example_doc)
+    doc = copy.deepcopy(example_doc)
+    doc["spec"]["adapters"][0]["traffic"] = {"priority": "critical"}
+    doc["spec"]["router"] = {**doc["spec"].get("router", {}), "replicas": 3}
+    team = parse_object(
+        {
+            "apiVersion": "lorapool.io/v1alpha1",
+            "kind": "LoRAAdapter",
+            "metadata": {"name": "legal", "namespace": "ml"},
+            "spec": {
+                "poolRef": {"name": "llama3-8b"},
+                "source": "https://example.test/legal.tar.gz",
+                "rank": 8,
+                "traffic": {"priority": "sheddable", "limits": {"requestsPerSecond": 5, "tokensPerMinute": 90000}},
+            },
+        }
+    )
+    after = render(doc, [team])  # type: ignore[list-item]
+    changed = {o["kind"] + "/" + o["metadata"]["name"] for o, p in zip(after, before, strict=True) if o != p}
+    # The adapters' ConfigMap gains the LoRAAdapter; the router's Deployment only its replica count.
+    assert changed == {"ConfigMap/llama3-8b-adapters", "ConfigMap/llama3-8b-traffic", "Deployment/llama3-8b-router"}
+    router = by_kind(after, "Deployment", "llama3-8b-router")
+    assert router["spec"]["template"] == by_kind(before, "Deployment", "llama3-8b-router")["spec"]["template"]
+    policy = TrafficPolicy.from_json(by_kind(after, "ConfigMap", "llama3-8b-traffic")["data"][TRAFFIC_CONFIGMAP_KEY])
+    first = doc["spec"]["adapters"][0]["name"]
+    assert policy.routers == 3 and set(policy.adapters) == {first, "legal"}
+    assert policy.of(first).priority == Priority.CRITICAL and policy.of(first).limits is None
+    legal = policy.of("legal")
+    assert legal.priority == Priority.SHEDDABLE and legal.limits is not None
+    assert legal.limits.requests_per_second == 5 and legal.limits.tokens_per_minute == 90000

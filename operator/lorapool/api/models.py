@@ -37,6 +37,7 @@ from lorapool.api.common import (
     dns_label,
 )
 from lorapool.api.peft import VLLM_RANKS
+from lorapool.api.traffic import AdapterTraffic
 
 GROUP = "lorapool.io"
 VERSION = "v1alpha1"
@@ -168,6 +169,11 @@ class AdapterSpec(Wire):
         default=None,
         max_length=64,
         description="Expected sha256 (archive bytes, or adapter_model.safetensors for directories).",
+    )
+    traffic: AdapterTraffic | None = Field(
+        default=None,
+        description="How the router treats this adapter's requests: priority (critical, standard, sheddable) and "
+        "rate limits for the whole pool (429 with Retry-After over them); default: standard, no limits.",
     )
 
 
@@ -772,6 +778,7 @@ class LoRAAdapterSpec(Wire):
     sha256: Annotated[str, SHA256] | None = Field(
         default=None, max_length=64, description=AdapterSpec.model_fields["sha256"].description
     )
+    traffic: AdapterTraffic | None = Field(default=None, description=AdapterSpec.model_fields["traffic"].description)
 
 
 class AdapterMeta(ObjectMeta):
@@ -798,4 +805,5 @@ class LoRAAdapter(Spec):
             revision=self.spec.revision,
             rank=self.spec.rank,
             sha256=self.spec.sha256,
+            traffic=self.spec.traffic,
         )

@@ -3,7 +3,8 @@
 ``render_pool`` is what `lorapool render` prints and what the operator server-side
 applies, object for object, so a GitOps review of the output is a review of the
 cluster. Adapters change only the ``<pool>-adapters`` ConfigMap (the sidecars hot-load
-them); the engine pod template changes, and pods roll, only when vLLM's flags do.
+them) and their priorities and limits only ``<pool>-traffic`` (the routers re-read it); the
+engine pod template changes, and pods roll, only when vLLM's flags do.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from lorapool.api.adapterset import CONFIGMAP_KEY, AdapterSet, DesiredAdapter
 from lorapool.api.models import DEFAULT_LORAPOOL_IMAGE, LoRAPool
 from lorapool.api.report import SYNCED_CONDITION
+from lorapool.api.traffic import TRAFFIC_CONFIGMAP_KEY, TrafficPolicy
 from lorapool.plan.adapters import PoolAdapter
 from lorapool.plan.gpus import GIB, GPU_PRESENT_LABEL, GPU_PRODUCT_LABEL, GPU_RESOURCE, GPUS
 from lorapool.plan.planner import Plan, pod_memory_bytes
@@ -51,6 +53,7 @@ def render_pool(
     opts = options or RenderOptions()
     objects = [
         adapters_configmap(pool, plan, adapters, holders),
+        traffic_configmap(pool, adapters),
         engine_service(pool),
         engine_serviceaccount(pool),
         engine_role(pool),
@@ -122,6 +125,25 @@ def adapters_configmap(
         "kind": "ConfigMap",
         "metadata": _meta(pool, names.adapters_configmap(pool.metadata.name), "adapters"),
         "data": {CONFIGMAP_KEY: adapter_set(pool, plan, adapters, holders).to_json()},
+    }
+
+
+def traffic_policy(pool: LoRAPool, adapters: Sequence[PoolAdapter]) -> TrafficPolicy:
+    """What the routers enforce: the adapters that set ``traffic`` (the rest get the defaults), and
+    how many routers share each limit."""
+    return TrafficPolicy(
+        pool=pool.metadata.name,
+        routers=max(1, pool.spec.router.replicas),
+        adapters={a.spec.name: a.spec.traffic for a in adapters if a.spec.traffic is not None},
+    )
+
+
+def traffic_configmap(pool: LoRAPool, adapters: Sequence[PoolAdapter]) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(pool, names.traffic_configmap(pool.metadata.name), "traffic"),
+        "data": {TRAFFIC_CONFIGMAP_KEY: traffic_policy(pool, adapters).to_json()},
     }
 
 
@@ -636,6 +658,9 @@ def _router_args(pool: LoRAPool, plan: Plan) -> list[str]:
         str(plan.max_loras),
         "--max-cpu-loras",
         str(plan.max_cpu_loras),
+        # Priorities and rate limits (<pool>-traffic), re-read when the ConfigMap changes.
+        "--traffic-file",
+        f"{names.TRAFFIC_MOUNT}/{TRAFFIC_CONFIGMAP_KEY}",
     ]
 
 
@@ -659,15 +684,16 @@ def router_deployment(pool: LoRAPool, plan: Plan, opts: RenderOptions) -> Obj:
         "securityContext": _restricted(read_only_root=True),
     }
     volumes, mounts = gateway.picker_tls_mounts(pool)
-    if mounts:
-        container["volumeMounts"] = mounts
+    # Mounted without subPath so ConfigMap updates reach the running router.
+    volumes = [{"name": "traffic", "configMap": {"name": names.traffic_configmap(p)}}, *volumes]
+    container["volumeMounts"] = [{"name": "traffic", "mountPath": names.TRAFFIC_MOUNT, "readOnly": True}, *mounts]
     pod: Obj = {
         "serviceAccountName": names.router(p),
         "enableServiceLinks": False,
         "affinity": _off_gpu_nodes(),
         "securityContext": {"runAsUser": 1000, "runAsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],
-        **({"volumes": volumes} if volumes else {}),
+        "volumes": volumes,
     }
     return {
         "apiVersion": "apps/v1",

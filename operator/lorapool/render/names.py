@@ -23,6 +23,8 @@ FIELD_MANAGER = "lorapool-operator"
 ADAPTERS_MOUNT = "/adapters"
 ADAPTERS_CONFIG_MOUNT = "/etc/lorapool"
 MODELS_MOUNT = "/models"
+# Where the router reads ``<pool>-traffic`` (a directory mount, so ConfigMap updates reach it).
+TRAFFIC_MOUNT = "/etc/lorapool/traffic"
 # Placement (docs/placement.md): the operator gives each engine pod a stable slot (0..replicas-1)
 # in this annotation; the sidecar reads it through a downward-API file; the deletion cost makes a
 # scale-down remove the highest slot, so only that slot's adapters move. Both keys are defined
@@ -75,6 +77,11 @@ def router_network_policy(pool: str) -> str:
 
 def adapters_configmap(pool: str) -> str:
     return f"{pool}-adapters"
+
+
+def traffic_configmap(pool: str) -> str:
+    """Every adapter's priority and rate limits, for the routers (``api.traffic``)."""
+    return f"{pool}-traffic"
 
 
 def labels(pool: str, component: str) -> dict[str, str]:
