@@ -14,6 +14,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -25,7 +26,9 @@ from lorapool.api.requests import encode
 from lorapool.router.core.admission import Refuse
 from lorapool.router.core.backend import Request
 from lorapool.router.core.openai import BadBody, error_body, parse_request, too_large_message
+from lorapool.router.core.ratelimit import Allow, Throttle
 from lorapool.router.core.requestcount import RequestCounter
+from lorapool.router.core.usage import UsageMeter
 from lorapool.router.scheduler import Lease, Refused, Scheduler
 from lorapool.router.settings import RouterSettings
 from lorapool.router.telemetry import Telemetry
@@ -62,8 +65,25 @@ def refusal_response(refusal: Refuse, retry_after_s: int) -> web.Response:
     return error_response(refusal.status, refusal.message, refusal.error_type, retry_after_s=retry, param=refusal.param)
 
 
+def throttle_response(throttle: Throttle) -> web.Response:
+    """429 over an adapter's rate limit, with Retry-After and OpenAI's x-ratelimit-* headers."""
+    body = error_body(429, throttle.message, throttle.error_type)
+    return web.json_response(body, status=429, headers=dict(throttle.all_headers()))
+
+
 def forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
     return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in HOP_HEADERS)
+
+
+@dataclass(frozen=True, slots=True)
+class _Limited:
+    """A request's rate-limit verdict: headers for its response, the meter of its token use."""
+
+    allow: Allow
+    meter: UsageMeter | None = None
+
+
+_UNLIMITED = _Limited(Allow())
 
 
 class _Retry(Exception):
@@ -120,16 +140,27 @@ class Proxy:
         except BadBody as exc:
             return error_response(exc.status, exc.message, exc.error_type, param=exc.param), None, False
         model = parsed.model
+        allow = self.scheduler.limit(model, parsed.prompt_tokens)
+        if isinstance(allow, Throttle):  # before it counts as demand (core.ratelimit says why)
+            return throttle_response(allow), model, self.scheduler.known(model)
         req = self.scheduler.request_for(model)
         # Counted once per client request, at admission: retries and waits do not count again.
         known_adapter = req.is_adapter and self.scheduler.known(model)
         self.requests.count(model, is_adapter=req.is_adapter, known=known_adapter, now_s=start, wall_s=time.time())
-        return await self._route(request, body, req, start), model, self.scheduler.known(model)
+        meter = UsageMeter(parsed.prompt_tokens, stream=parsed.stream) if allow.metered else None
+        try:
+            response = await self._route(request, body, req, start, _Limited(allow, meter))
+        finally:
+            if meter is not None:
+                self.scheduler.settle(model, allow, meter.total())
+        return response, model, self.scheduler.known(model)
 
     def _too_large(self, size: int | None) -> web.Response:
         return error_response(413, too_large_message(size, self.settings.max_body_bytes), "RequestEntityTooLarge")
 
-    async def _route(self, request: web.Request, body: bytes, req: Request, start: float) -> web.StreamResponse:
+    async def _route(
+        self, request: web.Request, body: bytes, req: Request, start: float, limited: _Limited = _UNLIMITED
+    ) -> web.StreamResponse:
         tried: set[str] = set()
         retry_after = self.settings.retry_after_s
         while True:
@@ -138,7 +169,7 @@ class Proxy:
             except Refused as exc:
                 return refusal_response(exc.refusal, retry_after)
             try:
-                return await self._forward(request, body, lease, start)
+                return await self._forward(request, body, lease, start, limited)
             except _Retry as exc:
                 tried.add(lease.backend)
                 self.telemetry.retries.labels(exc.reason).inc()
@@ -158,7 +189,9 @@ class Proxy:
                 self._urls[key] = url
         return url
 
-    async def _forward(self, request: web.Request, body: bytes, lease: Lease, start: float) -> web.StreamResponse:
+    async def _forward(
+        self, request: web.Request, body: bytes, lease: Lease, start: float, limited: _Limited
+    ) -> web.StreamResponse:
         backend = lease.backend
         url = self._upstream_url(backend, request)
         headers = forward_headers(request.headers)
@@ -180,12 +213,15 @@ class Proxy:
             headers = forward_headers(upstream.headers)
             if self.settings.backend_header:
                 headers[BACKEND_HEADER] = backend
+            headers.extend(limited.allow.headers)
             if upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
-                return await self._relay_stream(request, upstream, headers, lease, start)
+                return await self._relay_stream(request, upstream, headers, lease, start, limited.meter)
             try:
                 data = await upstream.read()
             except (aiohttp.ClientError, TimeoutError) as exc:  # nothing reached the client yet
                 raise _Retry("dropped", down=True) from exc
+            if limited.meter is not None:
+                limited.meter.feed(data)
             return web.Response(body=data, status=upstream.status, headers=headers)
         except BaseException:
             upstream.close()  # drop the connection: the backend sees the cancel at once
@@ -204,6 +240,7 @@ class Proxy:
         headers: CIMultiDict[str],
         lease: Lease,
         start: float,
+        meter: UsageMeter | None,
     ) -> web.StreamResponse:
         response = web.StreamResponse(status=upstream.status, headers=headers)
         response.enable_chunked_encoding()
@@ -221,6 +258,8 @@ class Proxy:
                 with contextlib.suppress(ConnectionError, aiohttp.ClientConnectionError):
                     await response.write(f"data: {json.dumps(event)}\n\n".encode())
                 return response
+            if meter is not None:  # before the write: a client that leaves cancels us mid-write
+                meter.feed(chunk)
             try:
                 if not response.prepared:
                     await response.prepare(request)

@@ -113,6 +113,12 @@ def _add_limit_flags(parser: argparse.ArgumentParser, d: RouterSettings) -> None
         help="requests held in all adapter queues before 429 (default %(default)s)",
     )
     parser.add_argument(
+        "--traffic-file",
+        metavar="FILE",
+        help="every adapter's priority and rate limits (the <pool>-traffic ConfigMap's traffic.json, docs/traffic.md),"
+        " re-read when it changes (default: none, every adapter standard and unlimited)",
+    )
+    parser.add_argument(
         "--max-model-labels",
         type=int,
         default=d.max_model_labels,
@@ -236,6 +242,7 @@ def settings_from(args: argparse.Namespace) -> RouterSettings:
         max_cpu_loras=args.max_cpu_loras,
         max_wait_s=args.max_wait,
         max_queued=args.max_queued,
+        traffic_file=args.traffic_file,
         max_body_bytes=args.max_body_bytes,
         max_model_labels=args.max_model_labels,
         poll_interval_s=args.poll_interval,

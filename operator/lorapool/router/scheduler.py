@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lorapool.api.report import ReplicaReport
-from lorapool.api.traffic import TrafficPolicy
+from lorapool.api.traffic import Priority, TrafficPolicy
 from lorapool.api.vllm_metrics import VllmMetrics
 from lorapool.router.core.admission import (
     Bind,
@@ -38,6 +38,7 @@ from lorapool.router.core.admission import (
 )
 from lorapool.router.core.backend import Backend, DecisionKind, Request
 from lorapool.router.core.policy import Scheduling
+from lorapool.router.core.ratelimit import Allow, RateLimiter, Throttle
 from lorapool.router.core.state import BackendState, ReadOnlyBackendState
 from lorapool.router.core.waitqueue import WaitQueues
 from lorapool.router.settings import RouterSettings
@@ -101,6 +102,7 @@ class Scheduler:
         self.queues: WaitQueues[_Waiter] = WaitQueues(limit=settings.max_queued)
         # Every adapter's priority and limits (api.traffic; --traffic-file, re-read when it changes).
         self.traffic = TrafficPolicy()
+        self.limits = RateLimiter()
         # Set by the poller: re-reads /v1/models when a model is unknown everywhere.
         self.refresh_models: Callable[[], Awaitable[None]] | None = None
         telemetry.watch(self.backends, self.queues.depths)
@@ -127,7 +129,24 @@ class Scheduler:
     def request_for(self, model: str) -> Request:
         return Request(model, is_adapter=model not in self.base_models(), priority=self.traffic.of(model).priority)
 
+    def limit(self, model: str, prompt_tokens: int) -> Allow | Throttle:
+        """The adapter's rate limits for one more request (both doors ask before anything else is
+        counted: a throttled request is not demand); a throttle is counted here."""
+        verdict = self.limits.check(model, prompt_tokens, self.clock())
+        if isinstance(verdict, Throttle):
+            self.telemetry.throttled(model, verdict.limited_by)
+        return verdict
+
+    def settle(self, model: str, allow: Allow, used_tokens: int) -> None:
+        """A metered request's response ended having used ``used_tokens``: settle its token bucket."""
+        self.limits.settle(model, allow.charged, used_tokens, self.clock())
+
     # --- what the shells tell it ----------------------------------------------------------
+    def set_traffic(self, policy: TrafficPolicy) -> None:
+        """A new traffic policy (``--traffic-file``): priorities for new requests, limits' buckets."""
+        self.traffic = policy
+        self.limits.configure(policy, self.clock())
+
     def set_backends(self, urls: Iterable[str]) -> tuple[list[str], list[str]]:
         """Replace the backend set; returns (added, removed). In-flight leases keep working."""
         wanted = {u.rstrip("/") for u in urls}
@@ -215,7 +234,10 @@ class Scheduler:
     async def _hold(self, req: Request, tried: frozenset[str], hold: Hold, wait_s: float) -> Lease:
         now = self.clock()
         waiter = _Waiter(req, tried, now, asyncio.get_running_loop().create_future(), hold.reason)
-        if not self.queues.push(req.model, waiter, now):
+        rank = req.priority.rank
+        if not self.queues.push(req.model, waiter, now, rank) and not (
+            self._shed_for(req) and self.queues.push(req.model, waiter, now, rank)
+        ):
             detail = f"{len(self.queues)} requests are already waiting"
             raise Refused(Refuse(RefusalReason.QUEUE_FULL, req.model, detail))
         self.telemetry.decided(DecisionKind.QUEUED)
@@ -244,6 +266,22 @@ class Scheduler:
         lease.waited_s = self.clock() - now
         self.telemetry.held(req.model, hold.reason, lease.waited_s)
         return lease
+
+    def _shed_for(self, req: Request) -> bool:
+        """The queues are full: drop the newest held sheddable request to make room for ``req``
+        (not itself sheddable); True when one was dropped (its client gets 503, reason shed)."""
+        if req.priority == Priority.SHEDDABLE:
+            return False
+        victim = self.queues.newest_of_rank(Priority.SHEDDABLE.rank)
+        if victim is None:
+            return False
+        model, waiter = victim
+        self.queues.remove(model, waiter)
+        detail = f"{len(self.queues) + 1} requests were waiting; {req.priority} traffic goes first"
+        if not waiter.future.done():
+            waiter.future.set_exception(Refused(Refuse(RefusalReason.SHED, model, detail)))
+        self.telemetry.shed(model)
+        return True
 
     def _bind(self, req: Request, bind: Bind, views: Sequence[Backend]) -> Lease:
         """Count ``req`` on the bound backend."""

@@ -35,6 +35,7 @@ from lorapool.router.publisher import Publisher
 from lorapool.router.scheduler import Scheduler
 from lorapool.router.settings import RouterSettings
 from lorapool.router.telemetry import Telemetry
+from lorapool.router.trafficfile import TrafficFile
 
 if TYPE_CHECKING:
     from lorapool.router.picker.server import RunningPicker
@@ -151,6 +152,7 @@ async def serve(settings: RouterSettings) -> None:
     pods_target = parse_pods_target(settings.report_pods) if settings.report_pods else None
     telemetry = Telemetry(max_model_labels=settings.max_model_labels)
     scheduler = Scheduler(scheduling, settings, telemetry)
+    traffic = TrafficFile(Path(settings.traffic_file), scheduler) if settings.traffic_file else None
     loop = asyncio.get_running_loop()
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=UPSTREAM_KEEPALIVE_S)
     async with aiohttp.ClientSession(
@@ -167,6 +169,7 @@ async def serve(settings: RouterSettings) -> None:
         runner = await _start_site(build_app(scheduler, session, telemetry, settings, counter), settings)
         _log_started(settings, scheduler)
         polling = loop.create_task(poller.run())
+        rereading = loop.create_task(traffic.run(settings.poll_interval_s)) if traffic is not None else None
         stop = asyncio.Event()
         publishing = loop.create_task(publisher.run(stop)) if publisher is not None else None
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -176,6 +179,8 @@ async def serve(settings: RouterSettings) -> None:
         finally:
             log.info("Stopping router")
             await _cancelled(polling)
+            if rereading is not None:
+                await _cancelled(rereading)
             if publishing is not None:  # a write in flight is dropped: the counts are a rate, not a ledger
                 await _cancelled(publishing)
             discovery.stop()

@@ -47,6 +47,9 @@ class RouterSettings:
     # or for its adapter to finish loading on the engines (then 503 with Retry-After). About one
     # short generation: long enough for a slot to free, short next to a disk load storm.
     max_wait_s: float = 2.0
+    # The pool's traffic document (api.traffic: priorities, rate limits; the operator mounts the
+    # <pool>-traffic ConfigMap), re-read every poll interval; None: every adapter standard, unlimited.
+    traffic_file: str | None = None
     # Requests held in all wait queues together before new ones get 429.
     max_queued: int = 4096
     # Largest request body accepted, bytes (4 MiB: far above any prompt the engines accept).

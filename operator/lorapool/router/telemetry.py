@@ -137,6 +137,20 @@ class Telemetry:
             ["adapter"],
             registry=self.registry,
         )
+        self.adapter_throttled = Counter(
+            "lorapool_router_adapter_throttled",
+            "Requests refused with 429 because the adapter was over its rate limit, by adapter and the"
+            " limit that refused (requests or tokens)",
+            ["adapter", "limit"],
+            registry=self.registry,
+        )
+        self.adapter_shed = Counter(
+            "lorapool_router_adapter_shed",
+            "Held requests of a sheddable adapter dropped (503) to make room for more important ones"
+            " when the router's queues were full",
+            ["adapter"],
+            registry=self.registry,
+        )
         self.adapter_held = Counter(
             "lorapool_router_adapter_held_seconds",
             "Seconds requests for the adapter spent held in the router's queue, by why (slot or load)",
@@ -156,6 +170,12 @@ class Telemetry:
             "lorapool_router_retries",
             "Requests retried on another backend before the first byte, by reason",
             ["reason"],
+            registry=self.registry,
+        )
+        self.traffic_reloads = Counter(
+            "lorapool_router_traffic_reloads",
+            "Changes of --traffic-file read, by result: applied, or refused (invalid: the last good policy stays)",
+            ["result"],
             registry=self.registry,
         )
         self.upstream_failures = Counter(
@@ -181,6 +201,14 @@ class Telemetry:
         children[0 if hit else 1].inc()
         if slot_load:
             children[2].inc()
+
+    def throttled(self, model: str, limit: str) -> None:
+        """Count one request refused over ``model``'s rate limit (``limit``: requests or tokens)."""
+        self.adapter_throttled.labels(self.model_label(model, known=True), limit).inc()
+
+    def shed(self, model: str) -> None:
+        """Count one held sheddable request dropped for a more important one."""
+        self.adapter_shed.labels(self.model_label(model, known=True)).inc()
 
     def held(self, model: str, reason: str, seconds: float) -> None:
         """Count the time one request was held in the router's queue (``reason``: slot or load)."""

@@ -142,7 +142,8 @@ def test_every_reason_and_kind_has_a_row() -> None:
         DecisionKind.MISS,
     }
     assert {w.reason for w in wants if isinstance(w, Hold)} == set(HoldReason)
-    given = {w.reason for w in wants if isinstance(w, Refuse)} | {RefusalReason.QUEUE_FULL}  # the scheduler's own
+    scheduler_own = {RefusalReason.QUEUE_FULL, RefusalReason.SHED}
+    given = {w.reason for w in wants if isinstance(w, Refuse)} | scheduler_own
     assert given == set(RefusalReason)
     assert set(ANSWERS) == set(RefusalReason)
 
@@ -260,6 +261,12 @@ ANSWER_CASES = {
     RefusalReason.QUEUE_FULL: (
         Refuse(RefusalReason.QUEUE_FULL, "a", "5 requests are already waiting"),
         429, "RateLimitError", "the router is saturated (5 requests are already waiting); retry later", None,
+    ),
+    RefusalReason.SHED: (
+        Refuse(RefusalReason.SHED, "a", "5 requests were waiting; critical traffic goes first"),
+        503, "ServiceUnavailable",
+        "the pool is saturated and 'a' is sheddable (5 requests were waiting; critical traffic goes first); retry later",
+        None,
     ),
 }  # fmt: skip
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import queue
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -17,6 +18,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from lorapool.api.traffic import AdapterTraffic, RateLimits, TrafficPolicy
 from lorapool.router.picker import protocol
 from lorapool.testing.processes import free_port
 from lorapool.testing.scrape import metric_value as metric
@@ -181,3 +183,46 @@ def test_readiness_follows_the_backends_and_liveness_does_not(start_router: Star
             wait_until(
                 f"{service} NOT_SERVING", lambda s=service: status(s) == health_pb2.HealthCheckResponse.NOT_SERVING, 10
             )
+
+
+def test_over_its_rate_limit_the_gateway_door_answers_429_with_the_same_headers(
+    start_sim: StartSim, start_router: StartRouter, tmp_path: Path
+) -> None:
+    traffic = tmp_path / "traffic.json"
+    limits = RateLimits(requests_per_second=0.01, burst_requests=1)
+    traffic.write_text(TrafficPolicy(adapters={"sql": AdapterTraffic(limits=limits)}).to_json())
+    port = free_port()
+    router = start_router(
+        [start_sim(time_scale=0)],
+        extra=["--ext-proc-port", str(port), "--ext-proc-insecure", "--traffic-file", str(traffic)],
+    )
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = ext_grpc.ExternalProcessorStub(channel)
+        first = Stream(stub)
+        first.send(headers(), body("sql"))
+        served = destination(first.answer())
+        first.answer()  # the body, sent back
+        first.send(response_headers(served=served))
+        added = {
+            h.header.key: h.header.raw_value.decode()
+            for h in first.answer().response_headers.response.header_mutation.set_headers
+        }
+        assert added["x-ratelimit-limit-requests"] == "1" and added["x-ratelimit-remaining-requests"] == "0"
+        first.close()
+        second = Stream(stub)
+        second.send(headers(), body("sql"))
+        refused = second.answer().immediate_response
+        assert refused.status.code == 429
+        sent = {h.header.key: h.header.raw_value.decode() for h in refused.headers.set_headers}
+        assert int(sent["retry-after"]) >= 90 and sent["x-ratelimit-remaining-requests"] == "0"
+        assert json.loads(refused.body)["error"]["type"] == "RateLimitError"
+        second.close()
+        other = Stream(stub)
+        other.send(headers(), body("chat"))  # not limited
+        assert destination(other.answer()) == served
+        other.close()
+    wait_until(
+        "the throttle counted",
+        lambda: metric(scrape(router), "lorapool_router_adapter_throttled_total", adapter="sql", limit="requests") == 1,
+        10,
+    )

@@ -56,6 +56,7 @@ class RefusalReason(StrEnum):
     NOT_IN_POOL = "not-in-pool"  # reports: unknown to every report (or being unloaded)
     NO_SUCH_MODEL = "no-such-model"  # `serves-model` left none and no report exists: vLLM's 404
     QUEUE_FULL = "queue-full"  # the wait queues hold --max-queued requests already
+    SHED = "shed"  # a sheddable adapter's held request, dropped for a more important one (queues full)
 
 
 class Answer(NamedTuple):
@@ -79,6 +80,9 @@ ANSWERS: Mapping[RefusalReason, Answer] = {
     RefusalReason.NOT_IN_POOL: Answer(404, "NotFoundError", "{detail}", "model"),
     RefusalReason.NO_SUCH_MODEL: Answer(404, "NotFoundError", "The model `{model}` does not exist.", "model"),
     RefusalReason.QUEUE_FULL: Answer(429, "RateLimitError", "the router is saturated ({detail}); retry later"),
+    RefusalReason.SHED: Answer(
+        503, "ServiceUnavailable", "the pool is saturated and {model!r} is sheddable ({detail}); retry later"
+    ),
 }
 
 

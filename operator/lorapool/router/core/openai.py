@@ -38,6 +38,14 @@ class RequestBody:
     max_tokens: int | None = None  # max_tokens, else max_completion_tokens; None: the engine's default
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage: the last chunk carries usage
+    token_ids: int = 0  # a prompt given as token ids: how many (their text is not read)
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The prompt's tokens as the router can estimate them: a token-id prompt's length, else
+        about four characters a token (OpenAI's rule of thumb for English; the engine's usage
+        settles the difference when the response ends)."""
+        return self.token_ids + (len(self.prompt) + 3) // 4
 
 
 def parse_request(body: bytes) -> RequestBody:
@@ -60,6 +68,7 @@ def parse_request(body: bytes) -> RequestBody:
         max_tokens=max_tokens if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) else None,
         stream=payload.get("stream") is True,
         include_usage=isinstance(options, dict) and options.get("include_usage") is True,
+        token_ids=_token_ids(payload.get("prompt")),
     )
 
 
@@ -87,6 +96,15 @@ def _prompt_text(payload: dict[str, Any]) -> str:
         if isinstance(content, str):
             parts.append(f"{message.get('role', '')}\n{content}\n")
     return "".join(parts)
+
+
+def _token_ids(prompt: Any) -> int:
+    """Tokens in a prompt given as ids: a list of ints, or a list of such lists (a batch)."""
+    if not isinstance(prompt, list) or not prompt:
+        return 0
+    if all(isinstance(t, int) for t in prompt):
+        return len(prompt)
+    return sum(len(p) for p in prompt if isinstance(p, list) and all(isinstance(t, int) for t in p))
 
 
 def too_large_message(size: int | None, limit: int) -> str:

@@ -3,7 +3,9 @@
 Grouping: a request whose adapter is not running anywhere with room waits in its adapter's
 queue instead of being pushed onto a replica that would hold it behind other adapters. When
 a slot frees, the queue whose head has waited longest binds first (FIFO across adapters), and
-the rest of that adapter's queue then follows as hits on the same replica.
+the rest of that adapter's queue then follows as hits on the same replica. A queue's ``rank``
+(its adapter's priority class, ``api.traffic.PRIORITY_ORDER``: 0 critical) comes before age, so
+a critical adapter's held requests bind before a standard one's however long those waited.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ class _Entry(Generic[T]):
     since_s: float
     seq: int
     item: T
+    rank: int = 0
 
 
 @dataclass
@@ -45,11 +48,11 @@ class WaitQueues(Generic[T]):
         """Waiting requests per model (models with none are absent)."""
         return {m: len(q) for m, q in self._queues.items()}
 
-    def push(self, model: str, item: T, now_s: float) -> bool:
-        """Append; False (nothing queued) when the total limit is reached."""
+    def push(self, model: str, item: T, now_s: float, rank: int = 0) -> bool:
+        """Append (``rank``: lower binds first); False (nothing queued) when the total limit is reached."""
         if self._total >= self.limit:
             return False
-        self._queues.setdefault(model, deque()).append(_Entry(now_s, next(self._seq), item))
+        self._queues.setdefault(model, deque()).append(_Entry(now_s, next(self._seq), item, rank))
         self._total += 1
         return True
 
@@ -86,7 +89,18 @@ class WaitQueues(Generic[T]):
         return False
 
     def models_by_age(self, eligible: Callable[[str], bool] | None = None) -> list[str]:
-        """Models whose head may bind, the longest-waiting head first."""
-        heads = [(q[0].since_s, q[0].seq, m) for m, q in self._queues.items() if eligible is None or eligible(m)]
+        """Models whose head may bind: the best rank first, then the longest-waiting head."""
+        heads = [
+            (q[0].rank, q[0].since_s, q[0].seq, m) for m, q in self._queues.items() if eligible is None or eligible(m)
+        ]
         heads.sort()
-        return [m for _, _, m in heads]
+        return [m for *_, m in heads]
+
+    def newest_of_rank(self, rank: int) -> tuple[str, T] | None:
+        """The most recently queued request of ``rank`` (the one to shed first), or None."""
+        best: tuple[int, str, T] | None = None
+        for model, queue in self._queues.items():
+            entry = queue[-1]
+            if entry.rank == rank and (best is None or entry.seq > best[0]):
+                best = (entry.seq, model, entry.item)
+        return None if best is None else (best[1], best[2])

@@ -107,11 +107,20 @@ def picked(endpoints: Sequence[str], *, phase: str, upstream: Mapping[str, str] 
     return ext.ProcessingResponse(request_body=ext.BodyResponse(response=common), dynamic_metadata=metadata)
 
 
-def immediate(status: int, body: Mapping[str, Any], *, retry_after_s: int | None = None, details: str = "") -> Response:
-    """Answer the client now (no endpoint): ``status`` with an OpenAI-shaped JSON ``body``."""
+def immediate(
+    status: int,
+    body: Mapping[str, Any],
+    *,
+    retry_after_s: int | None = None,
+    details: str = "",
+    extra: Sequence[tuple[str, str]] = (),
+) -> Response:
+    """Answer the client now (no endpoint): ``status`` with an OpenAI-shaped JSON ``body`` (and
+    ``extra`` headers: a 429's x-ratelimit-*)."""
     headers = [("content-type", "application/json")]
     if retry_after_s is not None:
         headers.append(("retry-after", str(retry_after_s)))
+    headers += [(k.lower(), v) for k, v in extra]
     mutation = ext.HeaderMutation(
         set_headers=[
             base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(key=k, raw_value=v.encode())) for k, v in headers
@@ -127,10 +136,25 @@ def immediate(status: int, body: Mapping[str, Any], *, retry_after_s: int | None
 
 
 def error(
-    status: int, message: str, kind: str, *, param: str | None = None, retry_after_s: int | None = None
+    status: int,
+    message: str,
+    kind: str,
+    *,
+    param: str | None = None,
+    retry_after_s: int | None = None,
+    extra: Sequence[tuple[str, str]] = (),
 ) -> Response:
     """An immediate error in the HTTP router's words (``core.openai.error_body``)."""
-    return immediate(status, error_body(status, message, kind, param), retry_after_s=retry_after_s, details=kind)
+    body = error_body(status, message, kind, param)
+    return immediate(status, body, retry_after_s=retry_after_s, details=kind, extra=extra)
+
+
+def add_headers(phase: str, headers: Sequence[tuple[str, str]]) -> Response:
+    """Go on, with ``headers`` added to the message of ``phase`` (the response's x-ratelimit-*)."""
+    if not headers:
+        return proceed(phase)
+    mutation = ext.HeaderMutation(set_headers=[_overwrite(k.lower(), v) for k, v in headers])
+    return ext.ProcessingResponse(**{phase: ext.HeadersResponse(response=ext.CommonResponse(header_mutation=mutation))})
 
 
 def echo(chunk: bytes, end_of_stream: bool, *, phase: str) -> Response:

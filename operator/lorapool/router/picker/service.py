@@ -27,8 +27,10 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from lorapool.router.core.openai import BadBody, parse_request, too_large_message
+from lorapool.router.core.openai import BadBody, RequestBody, parse_request, too_large_message
+from lorapool.router.core.ratelimit import Allow, Throttle
 from lorapool.router.core.requestcount import RequestCounter
+from lorapool.router.core.usage import UsageMeter
 from lorapool.router.picker import protocol
 from lorapool.router.picker.endpoints import Endpoints
 from lorapool.router.scheduler import Lease, Refused, Scheduler
@@ -59,6 +61,9 @@ class _Exchange:
     code: str = "499"  # until a response or an immediate answer says otherwise
     first_byte: bool = False
     finished: bool = False
+    allow: Allow | None = None  # the rate limits' verdict once picked
+    prompt_tokens: int = 0
+    meter: UsageMeter | None = None  # a token-limited adapter's response, when the gateway sends its body
 
 
 class Picker:
@@ -138,22 +143,31 @@ class Picker:
             return []  # full duplex: Envoy takes body answers only after the header answer (the pick)
         chunks, ex.chunks = ex.chunks, []
         try:
-            model = parse_request(b"".join(chunks)).model
+            parsed = parse_request(b"".join(chunks))
         except BadBody as exc:
             return [self._refuse_now(ex, exc.status, exc.message, exc.error_type, param=exc.param)]
-        answer = await self._pick(ex, model, phase="request_headers" if duplex else "request_body")
+        answer = await self._pick(ex, parsed.model, phase="request_headers" if duplex else "request_body", body=parsed)
         if not duplex or not answer.HasField("request_headers"):
             return [answer]
         last = len(chunks) - 1
         return [answer, *(protocol.echo(c, i == last, phase="request_body") for i, c in enumerate(chunks))]
 
-    async def _pick(self, ex: _Exchange, model: str | None, *, phase: str) -> Any:
-        """Bind the request (or, without a model, send it to any live backend) and say where."""
+    async def _pick(self, ex: _Exchange, model: str | None, *, phase: str, body: RequestBody | None = None) -> Any:
+        """Bind the request (or, without a model, send it to any live backend) and say where.
+        ``body``: the parsed body (None when the model came in a header: its prompt is not known)."""
         ex.decided = True
         if model is None:
             return self._any_backend(ex, phase)
-        req = self.scheduler.request_for(model)
         ex.model = model
+        ex.prompt_tokens = body.prompt_tokens if body is not None else 0
+        verdict = self.scheduler.limit(model, ex.prompt_tokens)
+        if isinstance(verdict, Throttle):  # before it counts as demand, as in the HTTP door
+            ex.known, ex.code = self.scheduler.known(model), "429"
+            return protocol.error(
+                429, verdict.message, verdict.error_type, retry_after_s=verdict.retry_after_s, extra=verdict.headers
+            )
+        ex.allow = verdict
+        req = self.scheduler.request_for(model)
         known_adapter = req.is_adapter and self.scheduler.known(model)
         self.requests.count(model, is_adapter=req.is_adapter, known=known_adapter, now_s=ex.start, wall_s=time.time())
         ex.known = self.scheduler.known(model)
@@ -212,9 +226,12 @@ class Picker:
             # The gateway's own 503 (it could not connect, or the backend reset before answering),
             # not the backend's: out of rotation until a poll succeeds, as the HTTP proxy does.
             self.scheduler.mark_down(ex.lease.state, "the gateway could not reach it")
+        if ex.allow is not None and ex.allow.metered:
+            stream = headers.get("content-type", "").startswith("text/event-stream")
+            ex.meter = UsageMeter(ex.prompt_tokens, stream=stream)
         if message.response_headers.end_of_stream:
             self._finish(ex)
-        return [protocol.proceed("response_headers")]
+        return [protocol.add_headers("response_headers", ex.allow.headers if ex.allow is not None else ())]
 
     def _moved(self, ex: _Exchange, served: str) -> None:
         assert ex.lease is not None
@@ -228,6 +245,8 @@ class Picker:
         if not ex.first_byte and body.body:
             ex.first_byte = True
             self.telemetry.ttft.observe(time.monotonic() - ex.start)
+        if ex.meter is not None:
+            ex.meter.feed(body.body)
         if body.end_of_stream:
             self._finish(ex)
         if ex.body_mode == FULL_DUPLEX:
@@ -240,5 +259,8 @@ class Picker:
             self.scheduler.release(ex.lease)
         if ex.decided and not ex.finished:
             ex.finished = True
+            if ex.allow is not None and ex.allow.metered:  # no body seen (the gateway's mode): the estimate
+                used = ex.meter.total() if ex.meter is not None else ex.allow.charged
+                self.scheduler.settle(ex.model or "", ex.allow, used)
             label = self.telemetry.model_label(ex.model, known=ex.known)
             self.telemetry.answered(label, ex.code, time.monotonic() - ex.start)
