@@ -120,7 +120,7 @@ def test_decide_renders_a_valid_plan_and_lists_unmerged_adapters_last() -> None:
         ("bad", FAILED),
     ]
     kinds = [o["kind"] for o in decision.objects]
-    assert kinds[:2] == ["ConfigMap", "Service"] and "Deployment" in kinds
+    assert kinds[:3] == ["ConfigMap", "ConfigMap", "Service"] and "Deployment" in kinds  # adapters, traffic
     assert set(decision.identities) == {"a", "b"}  # what the sidecars' reports are read against
 
 
