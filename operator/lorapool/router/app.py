@@ -143,11 +143,11 @@ class Proxy:
         allow = self.scheduler.limit(model, parsed.prompt_tokens)
         if isinstance(allow, Throttle):  # before it counts as demand (core.ratelimit says why)
             return throttle_response(allow), model, self.scheduler.known(model)
-        req = self.scheduler.request_for(model)
+        req = self.scheduler.request_for(model, parsed.prompt_tokens, parsed.max_tokens)
         # Counted once per client request, at admission: retries and waits do not count again.
         known_adapter = req.is_adapter and self.scheduler.known(model)
         self.requests.count(model, is_adapter=req.is_adapter, known=known_adapter, now_s=start, wall_s=time.time())
-        meter = UsageMeter(parsed.prompt_tokens, stream=parsed.stream) if allow.metered else None
+        meter = UsageMeter(parsed.prompt_tokens, stream=parsed.stream) if self.scheduler.meters(allow) else None
         try:
             response = await self._route(request, body, req, start, _Limited(allow, meter))
         finally:
@@ -177,7 +177,7 @@ class Proxy:
                     self.scheduler.mark_down(lease.state, exc.reason)
                 log.debug("Retried request elsewhere", extra={"backend": lease.backend})
             finally:
-                self.scheduler.release(lease)
+                self.scheduler.release(lease, limited.meter.split() if limited.meter is not None else None)
 
     def _upstream_url(self, backend: str, request: web.Request) -> URL:
         """The backend's URL for the request's path, parsed once per backend and path."""

@@ -113,6 +113,28 @@ def _add_limit_flags(parser: argparse.ArgumentParser, d: RouterSettings) -> None
         help="requests held in all adapter queues before 429 (default %(default)s)",
     )
     parser.add_argument(
+        "--max-inflight",
+        type=int,
+        default=d.max_inflight,
+        metavar="N",
+        help="requests each backend may run at once; above it requests wait in the router (hold reason"
+        " saturated) so the router orders them, not the engine (default %(default)s: no cap)",
+    )
+    parser.add_argument(
+        "--max-queue-wait",
+        type=float,
+        default=d.max_queue_wait_s,
+        metavar="SECONDS",
+        help="longest a request waits because every backend runs its --max-inflight (then best-effort)"
+        " (default %(default)s)",
+    )
+    parser.add_argument(
+        "--fair-dispatch",
+        action="store_true",
+        help="serve held requests by a virtual token counter per adapter, weighted by priority class"
+        " (docs/traffic.md), instead of class then age",
+    )
+    parser.add_argument(
         "--traffic-file",
         metavar="FILE",
         help="every adapter's priority and rate limits (the <pool>-traffic ConfigMap's traffic.json, docs/traffic.md),"
@@ -243,6 +265,9 @@ def settings_from(args: argparse.Namespace) -> RouterSettings:
         max_wait_s=args.max_wait,
         max_queued=args.max_queued,
         traffic_file=args.traffic_file,
+        max_inflight=args.max_inflight,
+        max_queue_wait_s=args.max_queue_wait,
+        fair_dispatch=args.fair_dispatch,
         max_body_bytes=args.max_body_bytes,
         max_model_labels=args.max_model_labels,
         poll_interval_s=args.poll_interval,

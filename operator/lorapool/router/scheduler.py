@@ -4,7 +4,7 @@ The shell around ``core.admission``: ``acquire`` asks ``admit`` and does what it
 raises ``Refused``, parks the request in its adapter's wait queue, or re-reads /v1/models once
 and asks again); every event that may free a slot or make an adapter servable (a request ends,
 a poll lands, the backend set changes, a sidecar's report changes) drains the queues, oldest
-head first (``bind_held``); a held request whose wait ran out gets ``expire``'s answer. The
+head first, or by fair dispatch's counters with ``--fair-dispatch`` (``bind_held``); a held request whose wait ran out gets ``expire``'s answer. The
 scheduler is the only writer of the backends' state: the poller and the proxy tell it what they
 saw (``polled``, ``mark_down``, ``model_missing``...), everyone reads ``backends()``. One event
 loop owns it; any front door (the HTTP proxy, an endpoint picker) drives the same scheduler.
@@ -37,6 +37,7 @@ from lorapool.router.core.admission import (
     runnable,
 )
 from lorapool.router.core.backend import Backend, DecisionKind, Request
+from lorapool.router.core.fairness import VirtualTokenCounter, cost, estimate
 from lorapool.router.core.policy import Scheduling
 from lorapool.router.core.ratelimit import Allow, RateLimiter, Throttle
 from lorapool.router.core.state import BackendState, ReadOnlyBackendState
@@ -64,6 +65,7 @@ class Lease:
     bind: Bind
     waited_s: float = 0.0
     released: bool = False
+    charged: float = 0.0  # fair dispatch's estimate charged at bind (corrected at release)
 
     @property
     def backend(self) -> str:
@@ -103,6 +105,8 @@ class Scheduler:
         # Every adapter's priority and limits (api.traffic; --traffic-file, re-read when it changes).
         self.traffic = TrafficPolicy()
         self.limits = RateLimiter()
+        # --fair-dispatch: held requests bind by virtual token counter (core.fairness), else class then age.
+        self.fairness = VirtualTokenCounter() if settings.fair_dispatch else None
         # Set by the poller: re-reads /v1/models when a model is unknown everywhere.
         self.refresh_models: Callable[[], Awaitable[None]] | None = None
         telemetry.watch(self.backends, self.queues.depths)
@@ -126,8 +130,15 @@ class Scheduler:
             for s in self._states.values()
         )
 
-    def request_for(self, model: str) -> Request:
-        return Request(model, is_adapter=model not in self.base_models(), priority=self.traffic.of(model).priority)
+    def request_for(self, model: str, prompt_tokens: int = 0, max_tokens: int | None = None) -> Request:
+        """What admission reads of a request for ``model`` (its class from the traffic policy)."""
+        priority = self.traffic.of(model).priority
+        return Request(model, model not in self.base_models(), priority, prompt_tokens, max_tokens)
+
+    def meters(self, allow: Allow) -> bool:
+        """Whether a response's token use must be read: its adapter is token-limited, or fair
+        dispatch settles what it charged (``release``'s ``used``)."""
+        return allow.metered or self.fairness is not None
 
     def limit(self, model: str, prompt_tokens: int) -> Allow | Throttle:
         """The adapter's rate limits for one more request (both doors ask before anything else is
@@ -138,8 +149,9 @@ class Scheduler:
         return verdict
 
     def settle(self, model: str, allow: Allow, used_tokens: int) -> None:
-        """A metered request's response ended having used ``used_tokens``: settle its token bucket."""
-        self.limits.settle(model, allow.charged, used_tokens, self.clock())
+        """A request's response ended having used ``used_tokens``: settle its token bucket (if limited)."""
+        if allow.metered:
+            self.limits.settle(model, allow.charged, used_tokens, self.clock())
 
     # --- what the shells tell it ----------------------------------------------------------
     def set_traffic(self, policy: TrafficPolicy) -> None:
@@ -156,7 +168,10 @@ class Scheduler:
             del self._states[url]
         for url in added:
             self._states[url] = BackendState(
-                url, max_loras=self.settings.max_loras, max_cpu_loras=self.settings.max_cpu_loras
+                url,
+                max_loras=self.settings.max_loras,
+                max_cpu_loras=self.settings.max_cpu_loras,
+                max_inflight=self.settings.max_inflight,
             )
         self.changed()
         return added, removed
@@ -225,7 +240,10 @@ class Scheduler:
         if isinstance(decision, Bind):
             return self._bind(req, decision, views)
         if isinstance(decision, Hold):
-            wait_s = self.settings.max_wait_s if max_wait_s is None else min(max_wait_s, self.settings.max_wait_s)
+            limit = (
+                self.settings.max_queue_wait_s if decision.reason == HoldReason.SATURATED else self.settings.max_wait_s
+            )
+            wait_s = limit if max_wait_s is None else min(max_wait_s, limit)
             return await self._hold(req, tried, decision, wait_s)
         if isinstance(decision, Refuse):
             raise Refused(decision)
@@ -235,6 +253,8 @@ class Scheduler:
         now = self.clock()
         waiter = _Waiter(req, tried, now, asyncio.get_running_loop().create_future(), hold.reason)
         rank = req.priority.rank
+        if self.fairness is not None and not self.queues.depth(req.model):  # it starts waiting: no banked credit
+            self.fairness.backlogged(req.model, self.queues.depths())
         if not self.queues.push(req.model, waiter, now, rank) and not (
             self._shed_for(req) and self.queues.push(req.model, waiter, now, rank)
         ):
@@ -283,8 +303,8 @@ class Scheduler:
         self.telemetry.shed(model)
         return True
 
-    def _bind(self, req: Request, bind: Bind, views: Sequence[Backend]) -> Lease:
-        """Count ``req`` on the bound backend."""
+    def _bind(self, req: Request, bind: Bind, views: Sequence[Backend], *, charge: bool = True) -> Lease:
+        """Count ``req`` on the bound backend (and, with fair dispatch, charge its adapter's counter)."""
         state = self._states[bind.backend]
         if log.isEnabledFor(logging.DEBUG):
             loads = {v.id: (v.load, len(v.active), req.model in v.active) for v in views}
@@ -294,7 +314,11 @@ class Scheduler:
             self.telemetry.routed(req.model, hit=bind.hit, slot_load=not bind.in_slot)
         state.begin(req.model, is_adapter=req.is_adapter)
         self.telemetry.decided(bind.kind)
-        return Lease(state, req, bind)
+        lease = Lease(state, req, bind)
+        if self.fairness is not None and charge:
+            lease.charged = estimate(req.prompt_tokens, req.max_tokens)
+            self.fairness.charge(req.model, lease.charged, req.priority)
+        return lease
 
     def alternatives(self, lease: Lease, tried: frozenset[str], count: int) -> list[str]:
         """Up to ``count`` backends the policy would pick next if ``lease``'s failed (a gateway's
@@ -313,15 +337,22 @@ class Scheduler:
     def moved(self, lease: Lease, backend: ReadOnlyBackendState) -> Lease:
         """The request ran on ``backend``, not where it was bound (a gateway fell back): count it
         there instead; ``lease`` is released, the new lease is what to release at the end."""
+        charged, lease.charged = lease.charged, 0.0  # the same request: its charge moves with it
         self.release(lease)
         views = self._views()
-        return self._bind(lease.req, moved_to(lease.req, views, backend.id), views)
+        moved = self._bind(lease.req, moved_to(lease.req, views, backend.id), views, charge=False)
+        moved.charged = charged
+        return moved
 
-    def release(self, lease: Lease) -> None:
-        """The request is over (done, failed or cancelled): free its share, bind waiters."""
+    def release(self, lease: Lease, used: tuple[int, int] | None = None) -> None:
+        """The request is over (done, failed or cancelled): free its share, bind waiters.
+        ``used``: the (prompt, completion) tokens it used, when read (``meters``): fair dispatch
+        replaces its estimate by them; None leaves the estimate charged."""
         if lease.released:
             return
         lease.released = True
+        if self.fairness is not None and lease.charged and used is not None:
+            self.fairness.correct(lease.req.model, lease.charged, cost(*used), lease.req.priority)
         if (state := self._own(lease.state)) is not None:  # a removed backend's books are gone with it
             state.end(lease.req.model, is_adapter=lease.req.is_adapter)
         self.changed()
@@ -340,7 +371,8 @@ class Scheduler:
             return False
         # Without a free slot only adapters already running somewhere (or the base) can bind:
         # skip the rest without running the policy, which matters with 1000s of queues.
-        for model in self.queues.models_by_age(None if only is None else only.__contains__):
+        order = self.fairness.order if self.fairness is not None else None
+        for model in self.queues.models_by_age(None if only is None else only.__contains__, order):
             waiter = self.queues.head(model)
             assert waiter is not None
             bind = bind_held(self.scheduling, waiter.req, views, waiter.tried, waiter.reason)

@@ -50,6 +50,16 @@ class RouterSettings:
     # The pool's traffic document (api.traffic: priorities, rate limits; the operator mounts the
     # <pool>-traffic ConfigMap), re-read every poll interval; None: every adapter standard, unlimited.
     traffic_file: str | None = None
+    # Longest a request waits because every replica runs its --max-inflight, seconds; then it is
+    # sent best effort. Longer than --max-wait: sending it over the cap would not serve it sooner
+    # (the engines are full), only move the queue into them, where nothing orders it any more.
+    max_queue_wait_s: float = 30.0
+    # Requests each backend may run at once (router's own plus foreign); above it requests wait in
+    # the router (Hold(saturated), filters/saturation.py), so the router orders them; 0: no cap.
+    max_inflight: int = 0
+    # Held requests bind by fair dispatch's virtual token counters (core.fairness), weighted by
+    # class, instead of class then age. Off until regime (f) measured it.
+    fair_dispatch: bool = False
     # Requests held in all wait queues together before new ones get 429.
     max_queued: int = 4096
     # Largest request body accepted, bytes (4 MiB: far above any prompt the engines accept).
@@ -100,6 +110,10 @@ class RouterSettings:
             raise ValueError(
                 f"--ext-proc-message-timeout must be > 0 seconds (the gateway's message_timeout), got {got:g}"
             )
+        if not (self.max_queue_wait_s > 0 and math.isfinite(self.max_queue_wait_s)):
+            raise ValueError(f"--max-queue-wait must be > 0 seconds (and finite), got {self.max_queue_wait_s:g}")
+        if self.max_inflight < 0:
+            raise ValueError(f"--max-inflight must be >= 0 requests (0: no cap), got {self.max_inflight}")
         if self.ext_proc_fallbacks < 0:
             raise ValueError(f"--ext-proc-fallbacks must be >= 0, got {self.ext_proc_fallbacks}")
 

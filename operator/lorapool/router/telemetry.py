@@ -114,8 +114,8 @@ class Telemetry:
         )
         self.queue_wait = Histogram(
             "lorapool_router_queue_wait_seconds",
-            "Time held requests waited in the router's queue, by why: slot (no LoRA slot free) or load"
-            " (the adapter was loading on the engines)",
+            "Time held requests waited in the router's queue, by why: slot (no LoRA slot free), load"
+            " (the adapter was loading on the engines) or saturated (every replica ran its --max-inflight)",
             ["reason"],
             buckets=LATENCY_BUCKETS_S,
             registry=self.registry,
@@ -211,7 +211,7 @@ class Telemetry:
         self.adapter_shed.labels(self.model_label(model, known=True)).inc()
 
     def held(self, model: str, reason: str, seconds: float) -> None:
-        """Count the time one request was held in the router's queue (``reason``: slot or load)."""
+        """Count the time one request was held in the router's queue (``reason``: slot, load or saturated)."""
         self.queue_wait.labels(reason).observe(seconds)
         self.adapter_held.labels(self.model_label(model, known=True), reason).inc(seconds)
 

@@ -90,6 +90,16 @@ ADMIT = [
     # --- Hold, one per reason ---------------------------------------------------------------
     Case("hold: slot, every backend's slots are taken", [b("1", active=FULL), b("2", active=FULL)],
          Hold(HoldReason.SLOT, "lora-slots")),
+    Case("hold: saturated, a slot is free but every replica runs its --max-inflight",
+         [b("1", active={"x": 2}, load=2, capacity=2), b("2", active={"a": 1}, load=3, capacity=3)],
+         Hold(HoldReason.SATURATED, "saturation")),
+    Case("hold: saturated, whatever the hold rule (it is about slots)", [b("1", active={"x": 2}, load=2, capacity=2)],
+         Hold(HoldReason.SATURATED, "saturation"), scheduling=IF_ACTIVE),
+    Case("bind: below the cap (the cap counts the engine's foreign load too)",
+         [b("1", active={"a": 1}, load=4, capacity=4), b("2", active={"x": 1}, load=3, capacity=4)],
+         Bind("2", DecisionKind.FREE_SLOT, in_slot=False)),
+    Case("bind: no cap (capacity 0) is never saturated", [b("1", active={"a": 1}, load=500)],
+         Bind("1", DecisionKind.HIT, in_slot=True)),
     Case("hold: load, loading on one replica, loaded nowhere", [reported("1", P.DOWNLOADING), reported("2")],
          Hold(HoldReason.LOAD, "serves-model", "adapter 'a' is loading on 1 replica(s)")),
     # --- Refuse, one per reason admission gives ---------------------------------------------
@@ -153,6 +163,9 @@ EXPIRE = [
          Bind("2", DecisionKind.MISS, in_slot=False, best_effort=True)),
     Case("expire: slot, nothing up any more", [b("1", up=False)],
          Refuse(RefusalReason.NO_BACKEND_UP, "a", "no backend is up", "healthy")),
+    Case("expire: saturated, best effort over the cap (a cap never loses a request)",
+         [b("1", active={"a": 1}, load=2, capacity=2)],
+         Bind("1", DecisionKind.HIT, in_slot=True, best_effort=True)),
     Case("expire: load, still loading", [reported("1", P.LOADING), reported("2")],
          Refuse(RefusalReason.STILL_LOADING, "a", "adapter 'a' is loading on 1 replica(s); waited 2 s (--max-wait)",
                 "serves-model", Standing.LOADING)),
@@ -168,7 +181,14 @@ EXPIRE = [
     Case("expire: load, loaded now: bound late, best effort", [reported("1", P.LOADED)],
          Bind("1", DecisionKind.FREE_SLOT, in_slot=False, loaded_late=True, best_effort=True)),
 ]  # fmt: skip
-HOLD_OF = {c.id: HoldReason.LOAD if c.id.startswith("expire: load") else HoldReason.SLOT for c in EXPIRE}
+HOLD_OF = {
+    c.id: HoldReason.LOAD
+    if c.id.startswith("expire: load")
+    else HoldReason.SATURATED
+    if c.id.startswith("expire: saturated")
+    else HoldReason.SLOT
+    for c in EXPIRE
+}
 
 
 @pytest.mark.parametrize("case", EXPIRE, ids=lambda c: c.id)
@@ -184,13 +204,17 @@ def test_expire(case: Case) -> None:
         ([b("1", active={"x": 1})], HoldReason.SLOT, Bind("1", DecisionKind.FREE_SLOT, in_slot=False)),
         ([reported("1", P.LOADING)], HoldReason.LOAD, None),
         ([reported("1", P.LOADED)], HoldReason.LOAD, Bind("1", DecisionKind.FREE_SLOT, in_slot=False, loaded_late=True)),
+        ([b("1", active={"a": 1}, load=1, capacity=1)], HoldReason.SATURATED, None),
+        ([b("1", active={"a": 1}, load=1, capacity=2)], HoldReason.SATURATED, Bind("1", DecisionKind.HIT, in_slot=True)),
     ],
-    ids=["slot: still full", "slot: a slot freed", "load: still loading", "load: loaded, a miss though it waited"],
+    ids=["slot: still full", "slot: a slot freed", "load: still loading", "load: loaded, a miss though it waited",
+         "saturated: still full", "saturated: a request ended"],
 )  # fmt: skip
 def test_bind_held(backends: list[Backend], reason: HoldReason, want: Bind | None) -> None:
     bind = bind_held(AFFINITY, A, backends, frozenset(), reason)
     assert bind == want
-    assert bind is None or not bind.hit
+    # held for a slot or a load: never a hit; held because the replicas were full: a hit is the point
+    assert bind is None or not bind.hit or reason == HoldReason.SATURATED
 
 
 @pytest.mark.parametrize(
@@ -217,8 +241,12 @@ def test_lost_load(backends: list[Backend], want: RefusalReason | None) -> None:
         ([b("1", active=FULL), b("2", active={"z": 1})], None),
         ([b("1", active=FULL), b("2", active={"z": 1, "w": 1}), b("3", up=False, active={"q": 1})],
          frozenset({"x", "y", "z", "w", "base"})),
+        ([b("1", active={"x": 1}, load=2, capacity=2), b("2", active=FULL, load=3, capacity=3)], frozenset()),
+        ([b("1", active={"x": 1}, load=2, capacity=2), b("2", active=FULL, load=2, capacity=3)],
+         frozenset({"x", "y", "base"})),
     ],
-    ids=["nothing up: none", "a free slot: any", "all full: what runs, and the base"],
+    ids=["nothing up: none", "a free slot: any", "all full: what runs, and the base",
+         "every replica saturated: none", "a free slot only where saturated: what runs below the cap"],
 )  # fmt: skip
 def test_runnable(backends: list[Backend], want: frozenset[str] | None) -> None:
     assert runnable(backends, frozenset({"base"})) == want

@@ -52,6 +52,12 @@ FILTER_CASES: dict[str, list[Case]] = {
         Case("keeps listed", A, [b("1", models={"a"})], ["1"]),
         Case("base model by name", BASE, [b("1", models={"base"}), b("2", models={"a"})], ["1"]),
     ],
+    "saturation": [
+        Case("keeps backends below their cap", A, [b("1", load=4, capacity=4), b("2", load=3, capacity=4)], ["2"]),
+        Case("every backend at its cap leaves none", A, [b("1", load=5, capacity=4)], []),
+        Case("no cap keeps every backend", A, [b("1", load=900), b("2", load=0)], ["1", "2"]),
+        Case("the base model waits too (a cap counts every request)", BASE, [b("1", load=2, capacity=2)], []),
+    ],
     "lora-slots": [
         Case(
             "keeps the active adapter on a full backend",

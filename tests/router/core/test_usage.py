@@ -56,3 +56,17 @@ def test_garbage_in_a_stream_is_skipped_and_the_buffer_stays_bounded() -> None:
     meter.feed(b"x" * (3 << 20))  # a line with no end
     assert len(meter._partial) <= 1 << 20
     assert meter.total() == 1
+
+
+def test_split_gives_prompt_and_completion_from_usage_else_the_estimate_and_the_stream() -> None:
+    body = {"choices": [{"text": "x"}], "usage": {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}}
+    meter = UsageMeter(prompt_tokens=10, stream=False)
+    meter.feed(json.dumps(body).encode())
+    assert meter.split() == (7, 5) and meter.fed > 0
+    streamed = UsageMeter(prompt_tokens=3, stream=True)
+    streamed.feed(sse({"choices": [{"text": "a"}]}, {"choices": [{"text": "b"}]}))
+    assert streamed.split() == (3, 2)
+    no_split = UsageMeter(prompt_tokens=3, stream=True)  # a usage without completion_tokens: all of it prompt
+    no_split.feed(sse({"choices": [], "usage": {"total_tokens": 9}}))
+    assert no_split.split() == (9, 0)
+    assert UsageMeter(prompt_tokens=4, stream=True).fed == 0  # nothing seen (the gateway sent no body)

@@ -32,6 +32,7 @@ from typing import NamedTuple
 
 from lorapool.router.core.backend import Backend, DecisionKind, Request, classify
 from lorapool.router.core.filters.healthy import PLUGIN as HEALTHY
+from lorapool.router.core.filters.saturation import PLUGIN as SATURATION
 from lorapool.router.core.filters.serves_model import PLUGIN as SERVES_MODEL
 from lorapool.router.core.policy import Policy, Scheduling
 from lorapool.router.core.reports import Standing, Verdict, standing
@@ -42,6 +43,7 @@ class HoldReason(StrEnum):
 
     SLOT = "slot"  # no replica has a LoRA slot for it: grouping (waits, then best effort)
     LOAD = "load"  # its adapter is loaded nowhere yet, loading somewhere (waits, then 503)
+    SATURATED = "saturated"  # every replica runs its --max-inflight already (waits, then best effort)
 
 
 class RefusalReason(StrEnum):
@@ -183,6 +185,8 @@ def admit(
         return _not_served(req, backends)
     if scheduling.hold is None:
         return Refuse(RefusalReason.POLICY_NEVER_HOLDS, req.model, "no backend may take the request", refused_by)
+    if refused_by == SATURATION.name:  # room for its adapter, but every replica is full: whatever the hold rule
+        return Hold(HoldReason.SATURATED, refused_by)
     if not scheduling.hold(req, candidates):
         return _best_effort(scheduling.fallback, req, candidates, loaded_late=False)
     return Hold(HoldReason.SLOT, refused_by)
@@ -236,9 +240,9 @@ def moved_to(req: Request, backends: Sequence[Backend], backend: str) -> Bind:
 
 def runnable(backends: Sequence[Backend], base_models: Set[str]) -> frozenset[str] | None:
     """Which held models may bind now, before the policy runs for each: None (any) while a live
-    backend has a free slot; else those in flight on a live backend and the base models; none
-    when no backend is up."""
-    live = [b for b in backends if b.up]
+    backend below its cap has a free slot; else those in flight on a live backend below its cap
+    and the base models; none when no backend is up or every live one is saturated."""
+    live = [b for b in backends if b.up and not b.saturated()]
     if not live:
         return frozenset()
     if any(len(b.active) < b.max_loras for b in live):

@@ -23,6 +23,10 @@ class Request:
     is_adapter: bool = True
     # The adapter's traffic class (api.traffic; the router's --traffic-file says it).
     priority: Priority = Priority.STANDARD
+    # The prompt's tokens as the router estimates them, and the body's max_tokens (None: unset):
+    # what fair dispatch charges when the request binds (core.fairness).
+    prompt_tokens: int = 0
+    max_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +49,9 @@ class Backend:
     load: int = 0
     # Fraction of the KV cache in use, 0..1 (vllm:kv_cache_usage_perc).
     kv_usage: float = 0.0
+    # Requests the router lets run on the replica at once (--max-inflight; 0: no cap): above it
+    # the replica is saturated and requests wait in the router, where fair dispatch orders them.
+    capacity: int = 0
     # The sidecar's usable report on the replica's pod (None: none; ``models`` then comes from
     # /v1/models). Admission reads it to say where an adapter stands (``reports.standing``).
     report: ReplicaReport | None = None
@@ -56,6 +63,10 @@ class Backend:
     def runs(self, model: str) -> bool:
         """True when ``model`` is in flight here, so one more request needs no new slot."""
         return model in self.active
+
+    def saturated(self) -> bool:
+        """True when the replica runs its ``capacity`` of requests already (never without a cap)."""
+        return 0 < self.capacity <= self.load
 
     def fits(self, req: Request) -> bool:
         """True when the request can run here without exceeding the LoRA slots."""

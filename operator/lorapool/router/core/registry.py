@@ -1,7 +1,7 @@
 """The one registry of router plugins and of the named policies ``--policy`` offers. Pure.
 
 Plugins (each declared by its own module, see ``plugin``):
-  filters   healthy, serves-model, bounded-load, lora-slots
+  filters   healthy, serves-model, bounded-load, lora-slots, saturation
   scorers   lora-affinity, least-load, kv-cache, rendezvous, slot-pressure (weight beside each)
   pickers   highest-score, round-robin
   holds     hold-always, hold-if-active (whether a request that fits nowhere waits or goes at once)
@@ -9,8 +9,9 @@ Plugins (each declared by its own module, see ``plugin``):
 Named policies (the names are ``api.common.RouterPolicy``: the CRD's ``spec.router.policy`` enum
 and ``--policy`` accept exactly the keys of ``POLICIES``):
   affinity      group requests by adapter on replicas where it is active, bounded load, never
-                more distinct adapters in flight than a replica's LoRA slots (requests that fit
-                nowhere wait in the router and bind late)
+                more distinct adapters in flight than a replica's LoRA slots, nor more requests
+                than its --max-inflight when set (requests that fit nowhere wait in the router
+                and bind late)
   least-loaded  fewest requests in flight, adapter-blind (baseline)
   round-robin   in turn, adapter-blind (baseline)
 
@@ -27,6 +28,7 @@ from lorapool.api.common import RouterPolicy
 from lorapool.router.core.filters.bounded_load import PLUGIN as BOUNDED_LOAD
 from lorapool.router.core.filters.healthy import PLUGIN as HEALTHY
 from lorapool.router.core.filters.lora_slots import PLUGIN as LORA_SLOTS
+from lorapool.router.core.filters.saturation import PLUGIN as SATURATION
 from lorapool.router.core.filters.serves_model import PLUGIN as SERVES_MODEL
 from lorapool.router.core.hold_rules import ALWAYS, IF_ACTIVE
 from lorapool.router.core.pickers import HIGHEST_SCORE, ROUND_ROBIN
@@ -90,7 +92,7 @@ def _by_name(plugins: Iterable[Plugin]) -> dict[str, Plugin]:
     return index
 
 
-FILTERS: tuple[FilterPlugin, ...] = (HEALTHY, SERVES_MODEL, BOUNDED_LOAD, LORA_SLOTS)
+FILTERS: tuple[FilterPlugin, ...] = (HEALTHY, SERVES_MODEL, BOUNDED_LOAD, LORA_SLOTS, SATURATION)
 SCORERS: tuple[ScorerPlugin, ...] = (LORA_AFFINITY, LEAST_LOAD, KV_CACHE, RENDEZVOUS, SLOT_PRESSURE)
 PICKERS: tuple[PickerPlugin, ...] = (HIGHEST_SCORE, ROUND_ROBIN)
 HOLDS: tuple[HoldPlugin, ...] = (ALWAYS, IF_ACTIVE)
@@ -108,7 +110,9 @@ POLICIES: Mapping[RouterPolicy, NamedPolicy] = {
             # pool: a hot adapter's replica over the cap is not a candidate even when every
             # other replica's slots are taken, so its requests wait and bind where a slot frees
             # (they spread) instead of piling up behind one replica's batch.
-            Profile((HEALTHY, SERVES_MODEL, BOUNDED_LOAD, LORA_SLOTS), _AFFINITY_SCORERS, HIGHEST_SCORE),
+            # Saturation last (a no-op without --max-inflight): a request that has a slot but finds
+            # every replica full waits too (Hold(saturated)), so the router, not the engine, orders it.
+            Profile((HEALTHY, SERVES_MODEL, BOUNDED_LOAD, LORA_SLOTS, SATURATION), _AFFINITY_SCORERS, HIGHEST_SCORE),
             # Best effort: same preferences, but among replicas that are all full, the least
             # over-committed one wins before load decides.
             Profile(

@@ -48,13 +48,16 @@ class ReadOnlyBackendState(Protocol):
 class BackendState:
     """Live state of one backend."""
 
-    def __init__(self, url: str, *, max_loras: int = 1, max_cpu_loras: int | None = None) -> None:
+    def __init__(
+        self, url: str, *, max_loras: int = 1, max_cpu_loras: int | None = None, max_inflight: int = 0
+    ) -> None:
         self.id = url
         self.up = False  # until the first successful poll
         self.down_reason = "not polled yet"
         self.default_max_loras = max(1, max_loras)
         self.reported_max_loras: int | None = None
         self.max_cpu_loras = max_cpu_loras
+        self.max_inflight = max_inflight  # --max-inflight (0: no cap)
         self.models: frozenset[str] | None = None  # /v1/models ids; None until first polled
         # The sidecar's report on this backend's pod (None: no usable report, /v1/models decides).
         self.report: ReplicaReport | None = None
@@ -190,6 +193,7 @@ class BackendState:
             cached=cached,
             load=self.inflight_total + self.foreign_load,
             kv_usage=self.kv_usage,
+            capacity=self.max_inflight,
             report=self.report,
         )
 

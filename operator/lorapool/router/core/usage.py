@@ -24,11 +24,14 @@ class UsageMeter:
     prompt_tokens: int  # the router's estimate, for when the engine reports no usage
     stream: bool
     reported: int | None = None  # usage.total_tokens, once seen
+    reported_completion: int | None = None  # usage.completion_tokens, once seen
     streamed: int = 0  # choice deltas with content seen in the stream
+    fed: int = 0  # response bytes seen (0: the body never passed here, so nothing is known)
     _partial: bytearray = field(default_factory=bytearray)
     _body: bytearray = field(default_factory=bytearray)
 
     def feed(self, chunk: bytes) -> None:
+        self.fed += len(chunk)
         if not self.stream:
             if len(self._body) + len(chunk) <= MAX_LINE_BYTES:
                 self._body += chunk
@@ -51,28 +54,43 @@ class UsageMeter:
             return
         if (total := _total_tokens(event)) is not None:
             self.reported = total
+            self.reported_completion = _usage_field(event, "completion_tokens")
         choices = event.get("choices")
         if isinstance(choices, list):
             self.streamed += sum(1 for c in choices if isinstance(c, dict) and _has_content(c))
 
     def total(self) -> int:
         """Prompt + completion tokens: the engine's word when it gave one, else the estimate."""
+        return sum(self.split())
+
+    def split(self) -> tuple[int, int]:
+        """(prompt, completion) tokens: the engine's usage when it gave one, else the prompt estimate
+        and what was streamed (a usage without the split counts all of it as prompt)."""
         if not self.stream and self._body:
             try:
                 body = json.loads(self._body)
             except (UnicodeDecodeError, json.JSONDecodeError):
                 body = None
             if isinstance(body, dict) and (total := _total_tokens(body)) is not None:
-                return total
+                return _split(total, _usage_field(body, "completion_tokens"))
         if self.reported is not None:
-            return self.reported
-        return self.prompt_tokens + self.streamed
+            return _split(self.reported, self.reported_completion)
+        return self.prompt_tokens, self.streamed
 
 
 def _total_tokens(payload: dict[str, Any]) -> int | None:
+    return _usage_field(payload, "total_tokens")
+
+
+def _usage_field(payload: dict[str, Any], name: str) -> int | None:
     usage = payload.get("usage")
-    total = usage.get("total_tokens") if isinstance(usage, dict) else None
-    return total if isinstance(total, int) and not isinstance(total, bool) and total >= 0 else None
+    value = usage.get(name) if isinstance(usage, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _split(total: int, completion: int | None) -> tuple[int, int]:
+    completion = min(completion, total) if completion is not None else 0
+    return total - completion, completion
 
 
 def _has_content(choice: dict[str, Any]) -> bool:

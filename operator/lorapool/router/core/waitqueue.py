@@ -6,6 +6,8 @@ a slot frees, the queue whose head has waited longest binds first (FIFO across a
 the rest of that adapter's queue then follows as hits on the same replica. A queue's ``rank``
 (its adapter's priority class, ``api.traffic.PRIORITY_ORDER``: 0 critical) comes before age, so
 a critical adapter's held requests bind before a standard one's however long those waited.
+With fair dispatch (``core.fairness``) the scheduler's virtual token counters order the heads
+instead, before rank and age.
 """
 
 from __future__ import annotations
@@ -88,11 +90,19 @@ class WaitQueues(Generic[T]):
                 return True
         return False
 
-    def models_by_age(self, eligible: Callable[[str], bool] | None = None) -> list[str]:
-        """Models whose head may bind: the best rank first, then the longest-waiting head."""
-        heads = [
-            (q[0].rank, q[0].since_s, q[0].seq, m) for m, q in self._queues.items() if eligible is None or eligible(m)
-        ]
+    def models_by_age(
+        self,
+        eligible: Callable[[str], bool] | None = None,
+        order: Callable[[str, int], tuple[float, int]] | None = None,
+    ) -> list[str]:
+        """Models whose head may bind: the best rank first, then the longest-waiting head.
+        ``order`` (fair dispatch): a sort key per (model, its head's rank) that comes before age."""
+        heads = []
+        for model, queue in self._queues.items():
+            if eligible is None or eligible(model):
+                head = queue[0]
+                first = order(model, head.rank) if order is not None else (0.0, head.rank)
+                heads.append((first, head.since_s, head.seq, model))
         heads.sort()
         return [m for *_, m in heads]
 

@@ -63,7 +63,7 @@ class _Exchange:
     finished: bool = False
     allow: Allow | None = None  # the rate limits' verdict once picked
     prompt_tokens: int = 0
-    meter: UsageMeter | None = None  # a token-limited adapter's response, when the gateway sends its body
+    meter: UsageMeter | None = None  # a token-limited adapter's (or, fair dispatch: any) response
 
 
 class Picker:
@@ -167,7 +167,7 @@ class Picker:
                 429, verdict.message, verdict.error_type, retry_after_s=verdict.retry_after_s, extra=verdict.headers
             )
         ex.allow = verdict
-        req = self.scheduler.request_for(model)
+        req = self.scheduler.request_for(model, ex.prompt_tokens, body.max_tokens if body is not None else None)
         known_adapter = req.is_adapter and self.scheduler.known(model)
         self.requests.count(model, is_adapter=req.is_adapter, known=known_adapter, now_s=ex.start, wall_s=time.time())
         ex.known = self.scheduler.known(model)
@@ -226,7 +226,7 @@ class Picker:
             # The gateway's own 503 (it could not connect, or the backend reset before answering),
             # not the backend's: out of rotation until a poll succeeds, as the HTTP proxy does.
             self.scheduler.mark_down(ex.lease.state, "the gateway could not reach it")
-        if ex.allow is not None and ex.allow.metered:
+        if ex.allow is not None and self.scheduler.meters(ex.allow):
             stream = headers.get("content-type", "").startswith("text/event-stream")
             ex.meter = UsageMeter(ex.prompt_tokens, stream=stream)
         if message.response_headers.end_of_stream:
@@ -255,8 +255,8 @@ class Picker:
 
     def _finish(self, ex: _Exchange) -> None:
         """The request is over (answered, ended or cancelled): release its slot, count its answer. Once."""
-        if ex.lease is not None:
-            self.scheduler.release(ex.lease)
+        if ex.lease is not None:  # no body seen (the gateway's mode): fair dispatch keeps its estimate
+            self.scheduler.release(ex.lease, ex.meter.split() if ex.meter is not None and ex.meter.fed else None)
         if ex.decided and not ex.finished:
             ex.finished = True
             if ex.allow is not None and ex.allow.metered:  # no body seen (the gateway's mode): the estimate
