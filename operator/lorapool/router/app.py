@@ -264,6 +264,7 @@ class Proxy:
                 if not response.prepared:
                     await response.prepare(request)
                     self.telemetry.ttft.observe(time.monotonic() - start)
+                    self.scheduler.first_token(lease)
                 await response.write(chunk)
             except (ConnectionError, aiohttp.ClientConnectionError):
                 upstream.close()  # our client left: cancel the generation upstream

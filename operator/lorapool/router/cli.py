@@ -121,12 +121,21 @@ def _add_limit_flags(parser: argparse.ArgumentParser, d: RouterSettings) -> None
         " saturated) so the router orders them, not the engine (default %(default)s: no cap)",
     )
     parser.add_argument(
+        "--max-prefilling",
+        type=int,
+        default=d.max_prefilling,
+        metavar="N",
+        help="requests each backend may hold before their first token; above it requests wait in the"
+        " router (hold reason saturated), so a flood queues in the router, where fair dispatch orders"
+        " it, not in the engine's first-come prefill queue (default %(default)s: no cap)",
+    )
+    parser.add_argument(
         "--max-queue-wait",
         type=float,
         default=d.max_queue_wait_s,
         metavar="SECONDS",
-        help="longest a request waits because every backend runs its --max-inflight (then best-effort)"
-        " (default %(default)s)",
+        help="longest a request waits because every backend is at its --max-inflight or --max-prefilling"
+        " (then best-effort; default %(default)s)",
     )
     parser.add_argument(
         "--fair-dispatch",
@@ -266,6 +275,7 @@ def settings_from(args: argparse.Namespace) -> RouterSettings:
         max_queued=args.max_queued,
         traffic_file=args.traffic_file,
         max_inflight=args.max_inflight,
+        max_prefilling=args.max_prefilling,
         max_queue_wait_s=args.max_queue_wait,
         fair_dispatch=args.fair_dispatch,
         max_body_bytes=args.max_body_bytes,

@@ -66,6 +66,7 @@ class Lease:
     waited_s: float = 0.0
     released: bool = False
     charged: float = 0.0  # fair dispatch's estimate charged at bind (corrected at release)
+    started: bool = False  # the response's first token came (``Scheduler.first_token``)
 
     @property
     def backend(self) -> str:
@@ -172,6 +173,7 @@ class Scheduler:
                 max_loras=self.settings.max_loras,
                 max_cpu_loras=self.settings.max_cpu_loras,
                 max_inflight=self.settings.max_inflight,
+                max_prefilling=self.settings.max_prefilling,
             )
         self.changed()
         return added, removed
@@ -237,6 +239,8 @@ class Scheduler:
             await self.refresh_models()  # some backend has no report: its /v1/models may be stale
             views = self._views()
             decision = admit(self.scheduling, req, views, tried)
+        if isinstance(decision, Bind) and self._yields(req, self._behind()):
+            decision = Hold(HoldReason.FAIR, "fair-dispatch", f"an adapter behind {req.model!r} waits for a LoRA slot")
         if isinstance(decision, Bind):
             return self._bind(req, decision, views)
         if isinstance(decision, Hold):
@@ -286,6 +290,20 @@ class Scheduler:
         lease.waited_s = self.clock() - now
         self.telemetry.held(req.model, hold.reason, lease.waited_s)
         return lease
+
+    def _yields(self, req: Request, behind: Sequence[str]) -> bool:
+        """Fair dispatch keeps its order for LoRA slots too: a request whose adapter is more than
+        the bound ahead of an adapter held for a slot does not bind, so the slots it holds drain
+        and the adapter behind gets one, instead of a flood keeping its slot on every replica
+        while the others wait out --max-wait for theirs."""
+        return self.fairness is not None and req.is_adapter and bool(behind) and self.fairness.ahead(req.model, behind)
+
+    def _behind(self) -> list[str]:
+        """With fair dispatch, the adapters whose oldest held request waits for a LoRA slot."""
+        if self.fairness is None or not self.queues:
+            return []
+        heads = ((m, self.queues.head(m)) for m in self.queues.depths())
+        return [m for m, head in heads if head is not None and head.reason == HoldReason.SLOT]
 
     def _shed_for(self, req: Request) -> bool:
         """The queues are full: drop the newest held sheddable request to make room for ``req``
@@ -342,7 +360,20 @@ class Scheduler:
         views = self._views()
         moved = self._bind(lease.req, moved_to(lease.req, views, backend.id), views, charge=False)
         moved.charged = charged
+        if lease.started:
+            self.first_token(moved)
         return moved
+
+    def first_token(self, lease: Lease) -> None:
+        """The lease's response streamed its first byte: the request left the engine's prefill
+        queue, so with ``--max-prefilling`` another held request may go to that replica."""
+        if lease.started or lease.released:
+            return
+        lease.started = True
+        if (state := self._own(lease.state)) is not None:
+            state.first_token()
+            if state.max_prefilling:
+                self.changed()
 
     def release(self, lease: Lease, used: tuple[int, int] | None = None) -> None:
         """The request is over (done, failed or cancelled): free its share, bind waiters.
@@ -354,7 +385,7 @@ class Scheduler:
         if self.fairness is not None and lease.charged and used is not None:
             self.fairness.correct(lease.req.model, lease.charged, cost(*used), lease.req.priority)
         if (state := self._own(lease.state)) is not None:  # a removed backend's books are gone with it
-            state.end(lease.req.model, is_adapter=lease.req.is_adapter)
+            state.end(lease.req.model, is_adapter=lease.req.is_adapter, started=lease.started)
         self.changed()
 
     def changed(self) -> None:
@@ -372,9 +403,12 @@ class Scheduler:
         # Without a free slot only adapters already running somewhere (or the base) can bind:
         # skip the rest without running the policy, which matters with 1000s of queues.
         order = self.fairness.order if self.fairness is not None else None
+        behind = self._behind()
         for model in self.queues.models_by_age(None if only is None else only.__contains__, order):
             waiter = self.queues.head(model)
             assert waiter is not None
+            if self._yields(waiter.req, behind):
+                continue
             bind = bind_held(self.scheduling, waiter.req, views, waiter.tried, waiter.reason)
             if bind is None:
                 continue

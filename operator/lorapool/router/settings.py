@@ -50,13 +50,20 @@ class RouterSettings:
     # The pool's traffic document (api.traffic: priorities, rate limits; the operator mounts the
     # <pool>-traffic ConfigMap), re-read every poll interval; None: every adapter standard, unlimited.
     traffic_file: str | None = None
-    # Longest a request waits because every replica runs its --max-inflight, seconds; then it is
+    # Longest a request waits because every replica is at its --max-inflight or --max-prefilling, seconds; then it is
     # sent best effort. Longer than --max-wait: sending it over the cap would not serve it sooner
     # (the engines are full), only move the queue into them, where nothing orders it any more.
     max_queue_wait_s: float = 30.0
     # Requests each backend may run at once (router's own plus foreign); above it requests wait in
     # the router (Hold(saturated), filters/saturation.py), so the router orders them; 0: no cap.
     max_inflight: int = 0
+    # Requests each backend may hold that have not streamed a first token yet (the router's own);
+    # above it requests wait in the router (Hold(saturated)) like above --max-inflight. The
+    # engine's prefill queue is first come first served: capping it, not the running batch,
+    # keeps the queue in the router, where fair dispatch orders it, while decode batches still
+    # grow as large as the engine lets them. Responses the router does not see (a gateway that
+    # sends no response body to the picker) count until they end. 0: no cap.
+    max_prefilling: int = 0
     # Held requests bind by fair dispatch's virtual token counters (core.fairness), weighted by
     # class, instead of class then age. Off until regime (f) measured it.
     fair_dispatch: bool = False
@@ -114,6 +121,8 @@ class RouterSettings:
             raise ValueError(f"--max-queue-wait must be > 0 seconds (and finite), got {self.max_queue_wait_s:g}")
         if self.max_inflight < 0:
             raise ValueError(f"--max-inflight must be >= 0 requests (0: no cap), got {self.max_inflight}")
+        if self.max_prefilling < 0:
+            raise ValueError(f"--max-prefilling must be >= 0 requests (0: no cap), got {self.max_prefilling}")
         if self.ext_proc_fallbacks < 0:
             raise ValueError(f"--ext-proc-fallbacks must be >= 0, got {self.ext_proc_fallbacks}")
 

@@ -115,7 +115,7 @@ class Telemetry:
         self.queue_wait = Histogram(
             "lorapool_router_queue_wait_seconds",
             "Time held requests waited in the router's queue, by why: slot (no LoRA slot free), load"
-            " (the adapter was loading on the engines) or saturated (every replica ran its --max-inflight)",
+            " (the adapter was loading on the engines) or saturated (every replica was at its --max-inflight or --max-prefilling)",
             ["reason"],
             buckets=LATENCY_BUCKETS_S,
             registry=self.registry,
@@ -153,7 +153,7 @@ class Telemetry:
         )
         self.adapter_held = Counter(
             "lorapool_router_adapter_held_seconds",
-            "Seconds requests for the adapter spent held in the router's queue, by why (slot or load)",
+            "Seconds requests for the adapter spent held in the router's queue, by why (slot, load, saturated or fair)",
             ["adapter", "reason"],
             registry=self.registry,
         )

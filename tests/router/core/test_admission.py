@@ -151,7 +151,8 @@ def test_every_reason_and_kind_has_a_row() -> None:
         DecisionKind.FREE_SLOT,
         DecisionKind.MISS,
     }
-    assert {w.reason for w in wants if isinstance(w, Hold)} == set(HoldReason)
+    held_by_scheduler = {HoldReason.FAIR}  # fair dispatch's order (scheduler._yields), not the policy
+    assert {w.reason for w in wants if isinstance(w, Hold)} | held_by_scheduler == set(HoldReason)
     scheduler_own = {RefusalReason.QUEUE_FULL, RefusalReason.SHED}
     given = {w.reason for w in wants if isinstance(w, Refuse)} | scheduler_own
     assert given == set(RefusalReason)

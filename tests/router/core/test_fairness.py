@@ -121,3 +121,26 @@ def test_memory_is_bounded_by_max_keys() -> None:
         vtc.charge(f"k{i}", 10.0, Priority.STANDARD)
     assert len(vtc) == 50
     assert vtc.counter("k0") == vtc.counter("never-seen")  # an evicted key restarts at the floor
+
+
+@pytest.mark.parametrize(
+    ("charges", "want"),
+    [
+        ((2, 0), False),  # within the bound: 2 x 100 beyond light is 2 x the largest charge, not more
+        ((3, 0), True),  # past it: the flood waits for light's slot
+        ((3, 1), False),  # light was served meanwhile: back within the bound
+    ],
+    ids=["within the bound", "past the bound", "the gap closed"],
+)
+def test_a_key_ahead_by_more_than_the_bound_waits_for_the_key_behind(charges: tuple[int, int], want: bool) -> None:
+    vtc = VirtualTokenCounter()
+    vtc.backlogged("light", [])
+    vtc.backlogged("flood", ["light"])
+    flood, light = charges
+    for _ in range(flood):
+        vtc.charge("flood", 200, Priority.STANDARD)  # 100 weighted each: the largest charge
+    for _ in range(light):
+        vtc.charge("light", 200, Priority.STANDARD)
+    assert vtc.ahead("flood", ["light"]) is want
+    assert not vtc.ahead("light", ["flood"])
+    assert not vtc.ahead("flood", []) and not vtc.ahead("flood", ["flood"])  # nobody behind: never waits

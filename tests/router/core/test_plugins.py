@@ -57,6 +57,13 @@ FILTER_CASES: dict[str, list[Case]] = {
         Case("every backend at its cap leaves none", A, [b("1", load=5, capacity=4)], []),
         Case("no cap keeps every backend", A, [b("1", load=900), b("2", load=0)], ["1", "2"]),
         Case("the base model waits too (a cap counts every request)", BASE, [b("1", load=2, capacity=2)], []),
+        Case(
+            "keeps backends below their prefill cap",
+            A,
+            [b("1", load=9, prefilling=2, prefill_capacity=2), b("2", load=9, prefilling=1, prefill_capacity=2)],
+            ["2"],
+        ),
+        Case("a prefill cap leaves the batch uncapped", A, [b("1", load=900, prefill_capacity=2)], ["1"]),
     ],
     "lora-slots": [
         Case(

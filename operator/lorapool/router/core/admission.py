@@ -43,7 +43,10 @@ class HoldReason(StrEnum):
 
     SLOT = "slot"  # no replica has a LoRA slot for it: grouping (waits, then best effort)
     LOAD = "load"  # its adapter is loaded nowhere yet, loading somewhere (waits, then 503)
-    SATURATED = "saturated"  # every replica runs its --max-inflight already (waits, then best effort)
+    SATURATED = "saturated"  # every replica is at its --max-inflight or --max-prefilling (waits, then best effort)
+    # --fair-dispatch: its adapter is more than the bound ahead of one waiting for a LoRA slot, so
+    # it waits while its slots drain (the scheduler decides it; waits --max-wait, then best effort)
+    FAIR = "fair"
 
 
 class RefusalReason(StrEnum):

@@ -52,6 +52,11 @@ class Backend:
     # Requests the router lets run on the replica at once (--max-inflight; 0: no cap): above it
     # the replica is saturated and requests wait in the router, where fair dispatch orders them.
     capacity: int = 0
+    # Requests bound here that have not streamed their first token yet (the router's own): they
+    # wait in the engine's first-come-first-served prefill queue, where nothing reorders them.
+    prefilling: int = 0
+    # The most of those the router lets wait in the engine (--max-prefilling; 0: no cap).
+    prefill_capacity: int = 0
     # The sidecar's usable report on the replica's pod (None: none; ``models`` then comes from
     # /v1/models). Admission reads it to say where an adapter stands (``reports.standing``).
     report: ReplicaReport | None = None
@@ -65,8 +70,9 @@ class Backend:
         return model in self.active
 
     def saturated(self) -> bool:
-        """True when the replica runs its ``capacity`` of requests already (never without a cap)."""
-        return 0 < self.capacity <= self.load
+        """True when the replica runs its ``capacity`` of requests, or has its ``prefill_capacity``
+        of them still waiting for a first token, already (never without a cap)."""
+        return 0 < self.capacity <= self.load or 0 < self.prefill_capacity <= self.prefilling
 
     def fits(self, req: Request) -> bool:
         """True when the request can run here without exceeding the LoRA slots."""

@@ -67,6 +67,7 @@ class VirtualTokenCounter:
     max_keys: int = MAX_KEYS
     _counters: OrderedDict[str, float] = field(default_factory=OrderedDict)
     _floor: float = 0.0  # the counter of the last dispatch: where a key starts with no one waiting
+    _largest: float = 0.0  # the largest weighted charge so far (``bound``'s largest single charge)
 
     def __len__(self) -> int:
         return len(self._counters)
@@ -82,7 +83,9 @@ class VirtualTokenCounter:
 
     def charge(self, key: str, service: float, priority: Priority) -> None:
         """A request of ``key`` dispatched, costing ``service`` unweighted tokens (``cost``)."""
-        value = self.counter(key) + service / CLASS_WEIGHTS[priority]
+        weighted = service / CLASS_WEIGHTS[priority]
+        self._largest = max(self._largest, weighted)
+        value = self.counter(key) + weighted
         self._set(key, value)
         self._floor = value
 
@@ -90,6 +93,13 @@ class VirtualTokenCounter:
         """A response ended: replace the estimate charged at dispatch by the service it used."""
         if key in self._counters:
             self._set(key, max(0.0, self._counters[key] + (used - charged) / CLASS_WEIGHTS[priority]))
+
+    def ahead(self, key: str, behind: Iterable[str]) -> bool:
+        """True when ``key`` received more than the bound's worth of service beyond one of the
+        ``behind`` keys (waiting for something only ``key`` can give up, a LoRA slot): then
+        ``key`` waits, so the gap never grows past the bound (``bound``, with the largest charge)."""
+        least = min((self.counter(k) for k in behind if k != key), default=None)
+        return least is not None and self.counter(key) > least + 2.0 * self._largest
 
     def order(self, key: str, rank: int) -> tuple[float, int]:
         """Sort key of a waiting key: the smallest counter first, ties to the higher class."""

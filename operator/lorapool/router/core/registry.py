@@ -10,7 +10,7 @@ Named policies (the names are ``api.common.RouterPolicy``: the CRD's ``spec.rout
 and ``--policy`` accept exactly the keys of ``POLICIES``):
   affinity      group requests by adapter on replicas where it is active, bounded load, never
                 more distinct adapters in flight than a replica's LoRA slots, nor more requests
-                than its --max-inflight when set (requests that fit nowhere wait in the router
+                than its --max-inflight (or --max-prefilling) when set (requests that fit nowhere wait in the router
                 and bind late)
   least-loaded  fewest requests in flight, adapter-blind (baseline)
   round-robin   in turn, adapter-blind (baseline)
@@ -110,7 +110,7 @@ POLICIES: Mapping[RouterPolicy, NamedPolicy] = {
             # pool: a hot adapter's replica over the cap is not a candidate even when every
             # other replica's slots are taken, so its requests wait and bind where a slot frees
             # (they spread) instead of piling up behind one replica's batch.
-            # Saturation last (a no-op without --max-inflight): a request that has a slot but finds
+            # Saturation last (a no-op without --max-inflight or --max-prefilling): a request that has a slot but finds
             # every replica full waits too (Hold(saturated)), so the router, not the engine, orders it.
             Profile((HEALTHY, SERVES_MODEL, BOUNDED_LOAD, LORA_SLOTS, SATURATION), _AFFINITY_SCORERS, HIGHEST_SCORE),
             # Best effort: same preferences, but among replicas that are all full, the least

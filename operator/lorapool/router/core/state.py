@@ -49,7 +49,13 @@ class BackendState:
     """Live state of one backend."""
 
     def __init__(
-        self, url: str, *, max_loras: int = 1, max_cpu_loras: int | None = None, max_inflight: int = 0
+        self,
+        url: str,
+        *,
+        max_loras: int = 1,
+        max_cpu_loras: int | None = None,
+        max_inflight: int = 0,
+        max_prefilling: int = 0,
     ) -> None:
         self.id = url
         self.up = False  # until the first successful poll
@@ -58,6 +64,7 @@ class BackendState:
         self.reported_max_loras: int | None = None
         self.max_cpu_loras = max_cpu_loras
         self.max_inflight = max_inflight  # --max-inflight (0: no cap)
+        self.max_prefilling = max_prefilling  # --max-prefilling (0: no cap)
         self.models: frozenset[str] | None = None  # /v1/models ids; None until first polled
         # The sidecar's report on this backend's pod (None: no usable report, /v1/models decides).
         self.report: ReplicaReport | None = None
@@ -69,6 +76,7 @@ class BackendState:
         self.kv_usage = 0.0
         self.engine = VllmMetrics()
         self.inflight_total = 0
+        self.prefilling = 0  # bound requests without a first token yet (first_token, end)
         self.adapter_inflight: dict[str, int] = {}
         self.foreign_active: frozenset[str] = frozenset()
         self.foreign_load = 0
@@ -86,6 +94,7 @@ class BackendState:
     def begin(self, model: str, *, is_adapter: bool) -> None:
         """Count a request the router just bound to this backend."""
         self.inflight_total += 1
+        self.prefilling += 1
         if is_adapter:
             self.adapter_inflight[model] = self.adapter_inflight.get(model, 0) + 1
             self._touch(model)
@@ -95,9 +104,16 @@ class BackendState:
                 seen.add(model)
             self._scrape = (seen, max(peak, self.inflight_total))
 
-    def end(self, model: str, *, is_adapter: bool) -> None:
-        """Stop counting a request (finished, failed or cancelled)."""
+    def first_token(self) -> None:
+        """A request bound here streamed its first token: it left the engine's prefill queue."""
+        self.prefilling = max(0, self.prefilling - 1)
+
+    def end(self, model: str, *, is_adapter: bool, started: bool = False) -> None:
+        """Stop counting a request (finished, failed or cancelled); ``started``: it had streamed
+        its first token (``first_token``), else it leaves the prefill count now."""
         self.inflight_total = max(0, self.inflight_total - 1)
+        if not started:
+            self.first_token()
         if is_adapter:
             left = self.adapter_inflight.get(model, 0) - 1
             if left > 0:
@@ -194,6 +210,8 @@ class BackendState:
             load=self.inflight_total + self.foreign_load,
             kv_usage=self.kv_usage,
             capacity=self.max_inflight,
+            prefilling=self.prefilling,
+            prefill_capacity=self.max_prefilling,
             report=self.report,
         )
 

@@ -245,6 +245,8 @@ class Picker:
         if not ex.first_byte and body.body:
             ex.first_byte = True
             self.telemetry.ttft.observe(time.monotonic() - ex.start)
+            if ex.lease is not None:
+                self.scheduler.first_token(ex.lease)
         if ex.meter is not None:
             ex.meter.feed(body.body)
         if body.end_of_stream:

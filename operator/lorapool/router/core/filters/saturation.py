@@ -1,4 +1,4 @@
-"""Keep backends that run fewer requests than their cap (``--max-inflight``): the saturation hold.
+"""Keep backends below their caps (``--max-inflight``, ``--max-prefilling``): the saturation hold.
 
 A request sent to an engine that is already full waits inside it, first come first served,
 whoever sent it: one adapter's flood then sits in front of everybody else's requests and no
@@ -7,9 +7,13 @@ waits in the router instead (``Hold(saturated)``), where the wait queues, ordere
 dispatch's counters (``core.fairness``) or by class and age, decide who goes next when a request
 ends. The cap is a request count, exact and immediate (the router's own books plus the foreign
 load of the last scrape), not the engines' polled queue depth, which is up to a poll old.
+The prefill cap counts the router's own requests that have not streamed a first token: they
+wait in the engine's first-come prefill queue, the one place a flood delays everybody (decode
+batches grow almost for free), so capping it keeps that queue in the router without capping
+the batch.
 
-Keeps: backends below their cap; every backend without one (capacity 0, the default).
-Reads: ``capacity``, ``load``. An empty result holds the request; after ``--max-wait`` it is sent
+Keeps: backends below their caps; every backend without one (0, the default).
+Reads: ``capacity``, ``load``, ``prefill_capacity``, ``prefilling``. An empty result holds the request; after ``--max-wait`` it is sent
 best effort (the fallback policy has no cap), so a cap never loses a request.
 """
 
@@ -26,4 +30,6 @@ def below_capacity(req: Request, backends: Sequence[Backend]) -> Sequence[Backen
     return [b for b in backends if not b.saturated()]
 
 
-PLUGIN = FilterPlugin("saturation", lambda _params: below_capacity, reads=("capacity", "load"))
+PLUGIN = FilterPlugin(
+    "saturation", lambda _params: below_capacity, reads=("capacity", "load", "prefill_capacity", "prefilling")
+)
