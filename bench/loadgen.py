@@ -37,6 +37,13 @@ class Workload:
     prompt_tokens: tuple[int, int] = (64, 256)
     output_tokens: tuple[int, int] = (16, 64)
     seed: int = 0
+    # Regime (f), the noisy neighbour: this adapter also sends ``flood_factor`` x its share on
+    # average, in bursts of ``burst_s`` every ``period_s``; "" for none. The flood's arrivals come
+    # from their own random stream, so the run without it has the very same other arrivals.
+    flood: str = ""
+    flood_factor: float = 10.0
+    burst_s: float = 1.0
+    period_s: float = 4.0
 
 
 @dataclass(frozen=True)
@@ -98,12 +105,42 @@ def schedule(w: Workload) -> list[Planned]:
                 lo = mid + 1
             else:
                 hi = mid
-        model = names[lo]
-        words = rng.randint(*w.prompt_tokens)
-        # The sim counts whitespace-separated words as tokens; a per-adapter preamble makes
-        # prompts of one adapter share a prefix, as tenants' system prompts do.
-        prompt = f"[{model}] " + " ".join(f"w{rng.randrange(10_000)}" for _ in range(words - 1))
-        plan.append(Planned(t, model, prompt, rng.randint(*w.output_tokens)))
+        plan.append(_planned(rng, t, names[lo], w))
+
+
+def _planned(rng: random.Random, at_s: float, model: str, w: Workload) -> Planned:
+    words = rng.randint(*w.prompt_tokens)
+    # The sim counts whitespace-separated words as tokens; a per-adapter preamble makes
+    # prompts of one adapter share a prefix, as tenants' system prompts do.
+    prompt = f"[{model}] " + " ".join(f"w{rng.randrange(10_000)}" for _ in range(words - 1))
+    return Planned(at_s, model, prompt, rng.randint(*w.output_tokens))
+
+
+def flood_schedule(w: Workload) -> list[Planned]:
+    """The flood adapter's extra arrivals (regime (f)): Poisson within each burst, so that over a
+    period it sends ``flood_factor`` x its share in all (its share, an equal part of ``rate_rps``,
+    comes with ``schedule``: the workload's popularity is uniform)."""
+    if not w.flood:
+        return []
+    if w.popularity != "uniform":
+        raise ValueError(f"a flood needs popularity=uniform (its share is rate/adapters), not {w.popularity!r}")
+    share = w.rate_rps / w.adapters
+    burst_rate = share * (w.flood_factor - 1.0) * w.period_s / w.burst_s
+    rng = random.Random(w.seed + 1)
+    plan: list[Planned] = []
+    start = 0.0
+    while start < w.duration_s:
+        t = start + rng.expovariate(burst_rate)
+        while t < min(start + w.burst_s, w.duration_s):
+            plan.append(_planned(rng, t, w.flood, w))
+            t += rng.expovariate(burst_rate)
+        start += w.period_s
+    return plan
+
+
+def noisy_schedule(w: Workload) -> list[Planned]:
+    """Every arrival of a run: ``schedule``'s, plus the flood's when the workload has one, in time order."""
+    return sorted([*schedule(w), *flood_schedule(w)], key=lambda p: p.at_s)
 
 
 @dataclass
@@ -252,6 +289,25 @@ def summarize(result: RunResult, *, window_s: float, slo_ttft_s: float) -> dict[
         "codes": codes,
         "late_starts": result.late_starts,
     }
+
+
+def per_adapter(outcomes: Sequence[Outcome], *, window_s: float, slo_ttft_s: float) -> dict[str, dict[str, float]]:
+    """Each adapter's requests, throughput, p99 TTFT (failures as infinity) and share within the SLO."""
+    by: dict[str, list[Outcome]] = {}
+    for o in outcomes:
+        by.setdefault(o.model, []).append(o)
+    out: dict[str, dict[str, float]] = {}
+    for model, outs in sorted(by.items()):
+        ok = [o for o in outs if o.status == 200 and not o.error and o.done_s is not None and o.ttft_s is not None]
+        ttfts = [o.ttft_s for o in ok if o.ttft_s is not None] + [math.inf] * (len(outs) - len(ok))
+        good = sum(1 for o in ok if o.ttft_s is not None and o.ttft_s <= slo_ttft_s)
+        out[model] = {
+            "requests": len(outs),
+            "throughput_rps": len(ok) / window_s,
+            "ttft_p99_s": percentile(ttfts, 99),
+            "within_slo": good / len(outs),
+        }
+    return out
 
 
 def workload_dict(w: Workload) -> dict[str, Any]:

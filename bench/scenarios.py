@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from bench.loadgen import Workload
+from bench.loadgen import Workload, adapter_name
 from bench.systems import FleetSpec, System
 from lorapool.api.common import RouterPolicy
 from lorapool.router.core import registry
@@ -28,6 +28,10 @@ class Scenario:
     workload: Workload
     warmup_s: float = 2.5
     slo_ttft_s: float = SLO_TTFT_S
+    # adapter -> priority class, written to the --traffic-file of every lorapool system (regime f)
+    priorities: tuple[tuple[str, str], ...] = ()
+    # the systems it runs by default (``--systems`` still chooses); empty: every system
+    systems: tuple[str, ...] = ()
 
 
 def _fleet(adapters: int, max_cpu_loras: int) -> FleetSpec:
@@ -51,6 +55,37 @@ def _work(adapters: int, rate: float, **kw: object) -> Workload:
     )
     return replace(base, **kw)  # type: ignore[arg-type]
 
+
+# Regime (f), the noisy neighbour: 16 adapters = replicas x max-loras (as regime a), each sending
+# an equal share of 24 req/s; in f-flood one of them also sends 10x its share in bursts (1 s in 4:
+# 60 req/s more for a second), and one critical adapter has its 0.5 s TTFT SLO. The other
+# arrivals are the same in both runs (loadgen.flood_schedule), so each adapter's p99 with and
+# without the flood compare request for request.
+F_ADAPTERS = 16
+F_CRITICAL = adapter_name(0)
+F_FLOOD = adapter_name(1)
+F_RATE = 24.0
+F_DURATION_S = 30.0
+
+
+def _f_work(flood: str) -> Workload:
+    return _work(F_ADAPTERS, F_RATE, duration_s=F_DURATION_S, flood=flood, flood_factor=10.0, seed=11)
+
+
+def lorapool_system(policy: RouterPolicy) -> System:
+    """``lorapool router --policy <policy>``, named "lorapool <policy>" in results."""
+    return System(f"lorapool {policy}", "lorapool", str(policy))
+
+
+LORAPOOL_AFFINITY = lorapool_system(RouterPolicy.AFFINITY).name
+LORAPOOL_ROUND_ROBIN = lorapool_system(RouterPolicy.ROUND_ROBIN).name
+# Issue 27: affinity with fair dispatch and the prefill cap (docs/traffic.md). The cap was chosen
+# on f-flood (2, 4, 8 requests without a first token per replica, and an in-flight cap of 8 and
+# 16, which cost goodput: bench/NOTES.md): 4 keeps about one full prefill step (2048 tokens of
+# 64-256-token prompts) queued in each engine, so the engine never idles for the router's sake.
+LORAPOOL_FAIR = "lorapool fair"
+FAIR_MAX_PREFILLING = 4
+CONSISTENT_HASH = "vllm-router consistent_hash"
 
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
@@ -95,16 +130,27 @@ SCENARIOS: tuple[Scenario, ...] = (
         _fleet(64, 64),
         _work(64, 40.0, popularity="hot", hot_share=0.6),
     ),
+    *(
+        Scenario(
+            name,
+            "f",
+            about,
+            _fleet(F_ADAPTERS, F_ADAPTERS),
+            _f_work(flood),
+            priorities=((F_CRITICAL, "critical"),),
+            systems=(LORAPOOL_FAIR, LORAPOOL_AFFINITY, LORAPOOL_ROUND_ROBIN, CONSISTENT_HASH),
+        )
+        for name, flood, about in (
+            (
+                "f-quiet",
+                "",
+                f"16 adapters, uniform, Poisson 24 req/s, {F_CRITICAL} critical (the run without the flood)",
+            ),
+            ("f-flood", F_FLOOD, f"as f-quiet, and {F_FLOOD} floods: 10x its share in 1-s bursts every 4 s"),
+        )
+    ),
 )
 
-
-def lorapool_system(policy: RouterPolicy) -> System:
-    """``lorapool router --policy <policy>``, named "lorapool <policy>" in results."""
-    return System(f"lorapool {policy}", "lorapool", str(policy))
-
-
-LORAPOOL_AFFINITY = lorapool_system(RouterPolicy.AFFINITY).name
-LORAPOOL_ROUND_ROBIN = lorapool_system(RouterPolicy.ROUND_ROBIN).name
 
 # The upper bound: every adapter always resident, loads free, same KV cache (systems.oracle_fleet);
 # with nothing to group, spreading load is all that is left, so least-loaded routes it.
@@ -122,16 +168,22 @@ ENVOY_PICKER = "envoy + lorapool picker"
 # that picks without a policy (bench/noop_ext_proc.py).
 ENVOY_ALONE = "envoy round-robin"
 ENVOY_NOOP = "envoy + no-op ext_proc"
-NOT_BASELINES = (LORAPOOL_AFFINITY, ORACLE, AFFINITY_HOLD_IF_ACTIVE, LORAPOOL_PLACEMENT, ENVOY_PICKER)
+NOT_BASELINES = (LORAPOOL_AFFINITY, ORACLE, AFFINITY_HOLD_IF_ACTIVE, LORAPOOL_PLACEMENT, ENVOY_PICKER, LORAPOOL_FAIR)
 
 SYSTEMS: tuple[System, ...] = (
     *(lorapool_system(policy) for policy in registry.POLICIES),  # every --policy the router has
     System(ORACLE, "lorapool", str(RouterPolicy.LEAST_LOADED), oracle=True),
     System(AFFINITY_HOLD_IF_ACTIVE, "lorapool", str(RouterPolicy.AFFINITY), ("--hold-rule", "hold-if-active")),
     System(ENVOY_PICKER, "envoy-picker", str(RouterPolicy.AFFINITY)),
+    System(
+        LORAPOOL_FAIR,
+        "lorapool",
+        str(RouterPolicy.AFFINITY),
+        ("--fair-dispatch", "--max-prefilling", str(FAIR_MAX_PREFILLING)),
+    ),
     System("nginx round-robin", "nginx"),
     System("vllm-router round_robin", "vllm-router", "round_robin"),
     System("vllm-router power_of_two", "vllm-router", "power_of_two"),
     System("vllm-router cache_aware", "vllm-router", "cache_aware"),
-    System("vllm-router consistent_hash", "vllm-router", "consistent_hash"),
+    System(CONSISTENT_HASH, "vllm-router", "consistent_hash"),
 )

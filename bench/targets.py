@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from bench import fairness_report as fair
 from bench import large_catalog_report
 from bench.scenarios import ENVOY_ALONE, ENVOY_NOOP, ENVOY_PICKER, LORAPOOL_ROUND_ROBIN, NOT_BASELINES, ORACLE
 from bench.scenarios import LORAPOOL_AFFINITY as AFFINITY
@@ -374,6 +375,11 @@ def _why_oracle(data: dict[str, Any]) -> str:
     return ("; ".join(out) + "; the oracle never loads (every adapter always resident)") if out else ""
 
 
+def _cells(read: Callable[[dict[str, Any]], list[tuple[str, float]]]) -> Callable[[dict[str, Any]], list[Cell]]:
+    """A module's (label, value) pairs as cells."""
+    return lambda data: [Cell(label, value) for label, value in read(data)]
+
+
 TARGETS: tuple[Target, ...] = (
     Target("grouping router", "regime (a): affinity's goodput over round-robin's", ">= 1.5x", 1.5, "higher", "x",
            _vs_rr("goodput_rps", "a", invert=False)),
@@ -414,4 +420,15 @@ TARGETS: tuple[Target, ...] = (
     Target("24", "envoy + lorapool picker's capacity (added p99 <= 5 ms; only with a load generator that keeps"
            " 1,000 req/s)", ">= 500 req/s", 500.0, "higher", " req/s", _picker_capacity,
            _why_picker("added_p99_ms", ("100", OVERHEAD_RATE))),
+    Target("27", "regime (f): every well-behaved adapter's p99 TTFT under the flood over its own without it"
+           " (lorapool fair)", "<= 1.2x", 1.2, "lower", "x", _cells(fair.p99_cells(fair.LORAPOOL_FAIR)),
+           fair.why_p99),
+    Target("27", "regime (f): the flood adapter's throughput over its max-min fair share of what the pool served"
+           " (lorapool fair)", ">= 1x", 1.0, "higher", "x", _cells(fair.flood_share)),
+    Target("27", "regime (f): lorapool fair's goodput over lorapool affinity's under the flood (work conservation)",
+           ">= 0.95x", 0.95, "higher", "x", _cells(fair.goodput_vs_affinity)),
+    Target("27", "regime (f): the critical adapter's requests within its 0.5 s TTFT SLO under the flood"
+           " (lorapool fair)", ">= 0.99", 0.99, "higher", "", _cells(fair.critical_within_slo)),
+    Target("27", "regime (f): regime (b)'s goodput as a fraction of the oracle's, lorapool fair's over lorapool"
+           " affinity's (must not get worse)", ">= 0.97x", 0.97, "higher", "x", _cells(fair.oracle_gap)),
 )  # fmt: skip
