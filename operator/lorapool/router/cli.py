@@ -19,6 +19,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     _add_backend_flags(parser)
     _add_policy_flags(parser, defaults)
     _add_limit_flags(parser, defaults)
+    _add_saturation_flags(parser, defaults)
     _add_timing_flags(parser, defaults)
     _add_picker_flags(parser, defaults)
     _add_debug_flags(parser)
@@ -97,21 +98,8 @@ def _add_policy_flags(parser: argparse.ArgumentParser, d: RouterSettings) -> Non
     )
 
 
-def _add_limit_flags(parser: argparse.ArgumentParser, d: RouterSettings) -> None:
-    parser.add_argument(
-        "--max-wait",
-        type=float,
-        default=d.max_wait_s,
-        metavar="SECONDS",
-        help="longest a request waits in the router: for a LoRA slot (then best-effort) or for its adapter"
-        " to finish loading (then 503) (default %(default)s)",
-    )
-    parser.add_argument(
-        "--max-queued",
-        type=int,
-        default=d.max_queued,
-        help="requests held in all adapter queues before 429 (default %(default)s)",
-    )
+def _add_saturation_flags(parser: argparse.ArgumentParser, d: RouterSettings) -> None:
+    """The saturation hold and fair dispatch (docs/traffic.md): off by default."""
     parser.add_argument(
         "--max-inflight",
         type=int,
@@ -142,6 +130,23 @@ def _add_limit_flags(parser: argparse.ArgumentParser, d: RouterSettings) -> None
         action="store_true",
         help="serve held requests by a virtual token counter per adapter, weighted by priority class"
         " (docs/traffic.md), instead of class then age",
+    )
+
+
+def _add_limit_flags(parser: argparse.ArgumentParser, d: RouterSettings) -> None:
+    parser.add_argument(
+        "--max-wait",
+        type=float,
+        default=d.max_wait_s,
+        metavar="SECONDS",
+        help="longest a request waits in the router: for a LoRA slot (then best-effort) or for its adapter"
+        " to finish loading (then 503) (default %(default)s)",
+    )
+    parser.add_argument(
+        "--max-queued",
+        type=int,
+        default=d.max_queued,
+        help="requests held in all adapter queues before 429 (default %(default)s)",
     )
     parser.add_argument(
         "--traffic-file",
