@@ -171,3 +171,31 @@ def test_traffic_rules_change_only_the_traffic_configmap(example_doc: dict[str, 
     legal = policy.of("legal")
     assert legal.priority == Priority.SHEDDABLE and legal.limits is not None
     assert legal.limits.requests_per_second == 5 and legal.limits.tokens_per_minute == 90000
+
+
+def _router_args(doc: dict[str, Any]) -> list[str]:
+    args: list[str] = by_kind(render(doc), "Deployment", names.router(doc["metadata"]["name"]))["spec"]["template"][
+        "spec"
+    ]["containers"][0]["args"]
+    return args
+
+
+def test_dispatch_renders_router_flags_its_own_parser_accepts(example_doc: dict[str, Any]) -> None:
+    import argparse
+
+    from lorapool.router.cli import configure, settings_from
+
+    doc = copy.deepcopy(example_doc)
+    default = _router_args(doc)
+    assert not {"--fair-dispatch", "--max-prefilling", "--max-inflight", "--max-queue-wait"} & set(default)
+    doc["spec"].setdefault("router", {})["dispatch"] = {"fair": True, "maxPrefilling": 4, "maxQueueWaitSeconds": 7.5}
+    args = _router_args(doc)
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    settings = settings_from(parser.parse_args(args[1:]))  # args[0] is the subcommand
+    assert (settings.fair_dispatch, settings.max_prefilling, settings.max_inflight) == (True, 4, 0)
+    assert settings.max_queue_wait_s == 7.5
+    doc["spec"]["router"]["dispatch"] = {"maxInflight": 16}  # a cap without fair order
+    settings = settings_from(parser.parse_args(_router_args(doc)[1:]))
+    assert (settings.fair_dispatch, settings.max_prefilling, settings.max_inflight) == (False, 0, 16)
+    assert settings.max_queue_wait_s == 30.0

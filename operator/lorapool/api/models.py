@@ -455,6 +455,39 @@ class GatewaySpec(Wire):
         return bool(self.namespace or self.cidrs)
 
 
+class DispatchSpec(Wire):
+    """How the router orders requests that must wait (docs/traffic.md): the pool-level form of its flags."""
+
+    fair: bool = Field(
+        default=False,
+        description="Fair dispatch: waiting requests bind by a virtual token counter per adapter, weighted by "
+        "priority (critical 4, standard 2, sheddable 1), and an adapter far ahead yields a LoRA slot to one held "
+        "for it. Off: waiting requests bind by priority, then oldest first.",
+    )
+    max_prefilling: int | None = Field(
+        default=None,
+        ge=1,
+        le=4096,
+        description="Requests per engine replica that have not streamed their first token; more wait in the "
+        "router, where priority and fair order apply, instead of in the engine's first-come queue. 4 is what "
+        "bench/ measured under a flood. Unset: no cap.",
+    )
+    max_inflight: int | None = Field(
+        default=None,
+        ge=1,
+        le=4096,
+        description="Requests per engine replica in all; more wait in the router. Costs throughput where "
+        "maxPrefilling does not (an engine batches decode steps almost for free). Unset: no cap.",
+    )
+    max_queue_wait_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        le=600,
+        description="How long a request waits for a replica below maxPrefilling / maxInflight before it is sent "
+        "anyway (a cap never loses a request).",
+    )
+
+
 class RouterSpec(Wire):
     """The pool's adapter-aware router: its one OpenAI endpoint, and the endpoint picker of a gateway."""
 
@@ -469,6 +502,11 @@ class RouterSpec(Wire):
     )
     gateway: GatewaySpec = Field(
         default_factory=GatewaySpec, description="The gateway door's settings (frontDoor gateway or both)."
+    )
+    dispatch: DispatchSpec = Field(
+        default_factory=DispatchSpec,
+        description="How requests wait when the engines are saturated: fair dispatch and the per-replica caps "
+        "(both doors).",
     )
 
     @property

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lorapool.api.adapterset import CONFIGMAP_KEY, AdapterSet, DesiredAdapter
-from lorapool.api.models import DEFAULT_LORAPOOL_IMAGE, LoRAPool
+from lorapool.api.models import DEFAULT_LORAPOOL_IMAGE, DispatchSpec, LoRAPool
 from lorapool.api.report import SYNCED_CONDITION
 from lorapool.api.traffic import TRAFFIC_CONFIGMAP_KEY, TrafficPolicy
 from lorapool.plan.adapters import PoolAdapter
@@ -661,7 +661,21 @@ def _router_args(pool: LoRAPool, plan: Plan) -> list[str]:
         # Priorities and rate limits (<pool>-traffic), re-read when the ConfigMap changes.
         "--traffic-file",
         f"{names.TRAFFIC_MOUNT}/{TRAFFIC_CONFIGMAP_KEY}",
+        # Fair dispatch and the saturation caps, when the pool asks for them.
+        *_dispatch_args(pool.spec.router.dispatch),
     ]
+
+
+def _dispatch_args(dispatch: DispatchSpec) -> list[str]:
+    """The router's flags for spec.router.dispatch; none for its defaults."""
+    args = ["--fair-dispatch"] if dispatch.fair else []
+    if dispatch.max_prefilling is not None:
+        args += ["--max-prefilling", str(dispatch.max_prefilling)]
+    if dispatch.max_inflight is not None:
+        args += ["--max-inflight", str(dispatch.max_inflight)]
+    if dispatch.max_prefilling is not None or dispatch.max_inflight is not None:
+        args += ["--max-queue-wait", f"{dispatch.max_queue_wait_seconds:g}"]
+    return args
 
 
 def router_deployment(pool: LoRAPool, plan: Plan, opts: RenderOptions) -> Obj:
