@@ -38,12 +38,12 @@ def _label(a: dict[str, Any], b: dict[str, Any]) -> str:
     return "" if a.get("date") == b.get("date") else f" [runs of {a.get('date')} and {b.get('date')}]"
 
 
-def worst_p99_ratio(quiet: dict[str, Any], flood: dict[str, Any]) -> tuple[float, str]:
+def worst_p99_ratio(quiet: dict[str, Any], flood: dict[str, Any], flooder: str = F_FLOOD) -> tuple[float, str]:
     """The largest p99 TTFT ratio (flood over quiet) among the well-behaved adapters, and whose."""
     worst, who = math.nan, ""
     for model, q in quiet["per_adapter"].items():
         f = flood["per_adapter"].get(model)
-        if model == F_FLOOD or f is None or not q["ttft_p99_s"] > 0:
+        if model == flooder or f is None or not q["ttft_p99_s"] > 0:
             continue
         ratio = f["ttft_p99_s"] / q["ttft_p99_s"]
         if not ratio <= worst:  # NaN start, and an infinite p99 (a failure) counts as worst

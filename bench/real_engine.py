@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.loadgen import Workload, adapter_name, run_open_loop, schedule, summarize
+from bench.loadgen import Workload, adapter_name, noisy_schedule, per_adapter, run_open_loop, summarize
 from bench.scenarios import LORAPOOL_AFFINITY, LORAPOOL_ROUND_ROBIN, SYSTEMS, Scenario
 from bench.systems import FleetSpec, System
 
@@ -124,8 +124,9 @@ def sim_fleet(spec: FleetSpec, adapter_root: Path) -> Iterator[tuple[list[str], 
 
 
 def measure(urls: list[str], loads: Callable[[], float], system: System, scenario: Scenario) -> dict[str, Any]:
-    """Replay the scenario's schedule through ``system``; count what was sent after the warm-up."""
-    plan = schedule(scenario.workload)
+    """Replay the scenario's schedule (with its flood, if any) through ``system``; count what was sent after
+    the warm-up, in all and per adapter."""
+    plan = noisy_schedule(scenario.workload)
     spec = scenario.fleet
 
     async def go() -> tuple[Any, float, float]:
@@ -143,10 +144,10 @@ def measure(urls: list[str], loads: Callable[[], float], system: System, scenari
     with system.start(urls, max_cpu_loras=spec.max_cpu_loras, time_scale=spec.time_scale) as url:
         result, before, after = asyncio.run(go())
     result.outcomes = [o for o in result.outcomes if o.sent_s >= scenario.warmup_s]
-    summary = summarize(
-        result, window_s=scenario.workload.duration_s - scenario.warmup_s, slo_ttft_s=scenario.slo_ttft_s
-    )
+    window = scenario.workload.duration_s - scenario.warmup_s
+    summary = summarize(result, window_s=window, slo_ttft_s=scenario.slo_ttft_s)
     summary["loads_per_1k"] = 1000.0 * (after - before) / max(1, summary["requests"])
+    summary["per_adapter"] = per_adapter(result.outcomes, window_s=window, slo_ttft_s=scenario.slo_ttft_s)
     return summary
 
 

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from bench import chaos, large_catalog_report, real_engine
+from bench import chaos, large_catalog_report, real_engine, real_engine_fair
 from bench import sizing as sizing_cell
 from bench.formatting import fmt as _f
 from bench.scenarios import LORAPOOL_AFFINITY as AFFINITY
@@ -219,6 +219,11 @@ def _overhead(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def real_engine_cells(results_dir: Path) -> list[str]:
+    """The sections of the cells measured on real vLLM: affinity vs round-robin, fair dispatch."""
+    return real_engine.section(results_dir) + real_engine_fair.section(results_dir)
+
+
 def render(
     data: dict[str, Any],
     plots_dir: str = "results",
@@ -254,7 +259,7 @@ def render(
     ]
     lines += _targets(data) + _headline(data) + _scenarios(data) + _overhead(data)
     if real_engine_section is None:  # the committed cell beside the committed results
-        real_engine_section = real_engine.section(Path(__file__).resolve().parent / "results")
+        real_engine_section = real_engine_cells(committed)
     lines += real_engine_section
     lines += sizing_cell.section(data["sizing"])
     lines += chaos.section(chaos_data, plots_dir)
@@ -337,5 +342,5 @@ def write_report(data: dict[str, Any], out: Path, report: Path) -> None:
     chaos.plot(out)
     large_catalog_report.plot(data, out)
     rel = out.relative_to(report.parent) if out.is_relative_to(report.parent) else out
-    cells = real_engine.section(out), chaos.load(out) or {}, sizing_cell.load(out) or {}
+    cells = real_engine_cells(out), chaos.load(out) or {}, sizing_cell.load(out) or {}
     report.write_text(render(data, rel.as_posix(), *cells))

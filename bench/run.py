@@ -5,6 +5,7 @@
     python bench/run.py --merge --skip-overhead --only c-uniform-poisson   # re-measure some cells
     python bench/run.py --report-only                  # rewrite RESULTS.md from results.json
     python bench/run.py --real-engine                  # the vLLM CPU cell (bench/real_engine.py), ~8 min
+    python bench/run.py --real-engine-fair             # fair dispatch on vLLM CPU (bench/real_engine_fair.py), ~10 min
     python bench/run.py --large-catalog                # regime (e) (bench/large_catalog.py): 5 systems, ~19 min
     python bench/run.py --chaos                        # the chaos cell (bench/chaos.py): a replica killed, ~6 min
 
@@ -158,6 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-only", action="store_true", help="rewrite RESULTS.md from OUT")
     parser.add_argument("--real-engine", action="store_true", help="measure only the vLLM CPU cell (real_engine.json)")
     parser.add_argument(
+        "--real-engine-fair",
+        action="store_true",
+        help="measure only the vLLM CPU fair-dispatch cell (real_engine_fair.json)",
+    )
+    parser.add_argument(
         "--large-catalog", action="store_true", help="measure only regime (e), k-of-N placement (into results.json)"
     )
     parser.add_argument("--sizing", action="store_true", help="measure only the max-loras sizing cell (sizing.json)")
@@ -184,6 +190,12 @@ def main(argv: list[str] | None = None) -> int:
         from bench import real_engine
 
         real_engine.run(out, adapter_root / "real-engine", stamp)
+        write_report(results.load(out, stamp), out, report)
+        return 0
+    if args.real_engine_fair:
+        from bench import real_engine_fair
+
+        real_engine_fair.run(out, adapter_root / "real-engine", stamp)
         write_report(results.load(out, stamp), out, report)
         return 0
     if args.chaos:
