@@ -11,11 +11,13 @@ Each request streams (SSE), so time-to-first-token is measured at the client.
 from __future__ import annotations
 
 import asyncio
+import bisect
+import itertools
 import json
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -44,6 +46,12 @@ class Workload:
     flood_factor: float = 10.0
     burst_s: float = 1.0
     period_s: float = 4.0
+    # Regime (g), chat (bench/chat.py): sessions of ``turns`` requests ``think_s`` apart, each
+    # resending its history after a per-adapter system prompt of ``system_prompt_words``; 0: no
+    # sessions, every request on its own.
+    turns: int = 0
+    think_s: float = 0.0
+    system_prompt_words: int = 0
 
 
 @dataclass(frozen=True)
@@ -72,18 +80,23 @@ def _popularity_weights(w: Workload) -> list[float]:
     raise ValueError(f"popularity={w.popularity!r} is not uniform, zipf or hot")
 
 
-def schedule(w: Workload) -> list[Planned]:
-    """The arrival times, adapters, prompts and output lengths of one run."""
-    rng = random.Random(w.seed)
-    weights = _popularity_weights(w)
-    cumulative: list[float] = []
-    acc = 0.0
-    for x in weights:
-        acc += x
-        cumulative.append(acc)
+def adapter_picker(w: Workload, rng: random.Random) -> Callable[[], str]:
+    """Draws an adapter name by ``w``'s popularity, one ``rng.random()`` per draw."""
+    cumulative = list(itertools.accumulate(_popularity_weights(w)))
     # Shuffle which adapter name is popular so that name order (and hashing) carries no luck.
     names = [adapter_name(i) for i in range(w.adapters)]
     rng.shuffle(names)
+
+    def pick() -> str:
+        return names[min(bisect.bisect_left(cumulative, rng.random() * cumulative[-1]), len(names) - 1)]
+
+    return pick
+
+
+def schedule(w: Workload) -> list[Planned]:
+    """The arrival times, adapters, prompts and output lengths of one run."""
+    rng = random.Random(w.seed)
+    pick = adapter_picker(w, rng)
     plan: list[Planned] = []
     t = 0.0
     mean_gap = 1.0 / w.rate_rps
@@ -97,15 +110,7 @@ def schedule(w: Workload) -> list[Planned]:
             raise ValueError(f"arrival={w.arrival!r} is not poisson or gamma")
         if t >= w.duration_s:
             return plan
-        pick = rng.random() * acc
-        lo, hi = 0, len(cumulative) - 1
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if cumulative[mid] < pick:
-                lo = mid + 1
-            else:
-                hi = mid
-        plan.append(_planned(rng, t, names[lo], w))
+        plan.append(_planned(rng, t, pick(), w))
 
 
 def _planned(rng: random.Random, at_s: float, model: str, w: Workload) -> Planned:

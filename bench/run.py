@@ -32,7 +32,8 @@ if __package__ in (None, ""):  # `python bench/run.py`: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import results
-from bench.loadgen import RunResult, noisy_schedule, per_adapter, run_open_loop, summarize
+from bench.chat import arrivals
+from bench.loadgen import RunResult, per_adapter, run_open_loop, summarize
 from bench.overhead import run_overhead
 from bench.report import write_report
 from bench.scenarios import SCENARIOS, SYSTEMS, Scenario
@@ -59,7 +60,7 @@ async def _measure(
     url: str, sims: list[str], scenario: Scenario
 ) -> tuple[RunResult, dict[str, float], dict[str, float]]:
     scale = scenario.fleet.time_scale
-    plan = [dataclasses.replace(p, at_s=p.at_s * scale) for p in noisy_schedule(scenario.workload)]
+    plan = [dataclasses.replace(p, at_s=p.at_s * scale) for p in arrivals(scenario.workload)]
     at_warmup: dict[str, float] = {}
 
     async def snapshot() -> None:
