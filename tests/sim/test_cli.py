@@ -55,6 +55,21 @@ def test_defaults_follow_vllm_on_an_a100() -> None:
     assert (settings.host, settings.port, settings.time_scale) == ("127.0.0.1", 8000, 1.0)
 
 
+@pytest.mark.parametrize(
+    ("argv", "caching", "details"),
+    [
+        pytest.param((), True, False, id="defaults-as-vllm-v1"),
+        pytest.param(("--no-enable-prefix-caching",), False, False, id="vllm-0.32-off-switch"),
+        pytest.param(("--disable-prefix-caching",), False, False, id="vllm-0.34-off-switch"),
+        pytest.param(("--no-enable-prefix-caching", "--enable-prefix-caching"), True, False, id="last-wins"),
+        pytest.param(("--enable-prompt-tokens-details",), True, True, id="prompt-tokens-details"),
+    ],
+)
+def test_prefix_caching_switches_are_vllms(argv: tuple[str, ...], caching: bool, details: bool) -> None:
+    settings = settings_from_args(parse(*argv), {})
+    assert (settings.engine.enable_prefix_caching, settings.enable_prompt_tokens_details) == (caching, details)
+
+
 def test_flags_reach_the_settings() -> None:
     args = parse(
         "--served-model-name", "base", "alias", "--enable-lora", "--max-loras", "4", "--max-cpu-loras", "32",

@@ -45,6 +45,9 @@ def test_metric_names_and_labels_are_vllms(sim: Sim) -> None:
         "vllm:kv_cache_usage_perc",
         "vllm:prompt_tokens_total",
         "vllm:generation_tokens_total",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:prompt_tokens_cached_total",
         "vllm:time_to_first_token_seconds_count",
         "vllm:e2e_request_latency_seconds_count",
     ):

@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lorapool import logs
 from lorapool.api import vllm_versions
@@ -87,7 +87,38 @@ def _engine_flags(vllm: argparse._ArgumentGroup) -> None:
     vllm.add_argument(
         "--num-gpu-blocks-override", type=int, default=None, help="KV cache blocks, instead of the memory model"
     )
+    vllm.add_argument(
+        "--enable-prefix-caching",
+        action=_EnableDisable,
+        default=True,
+        help="automatic prefix caching of prompt blocks, salted by adapter name and path (default on, as vLLM V1)",
+    )
+    vllm.add_argument(
+        "--enable-prompt-tokens-details",
+        action=_EnableDisable,
+        default=False,
+        help="report usage.prompt_tokens_details.cached_tokens (default off, as vLLM)",
+    )
     vllm.add_argument("--seed", type=int, default=0, help="seed of output text and lengths (default 0)")
+
+
+class _EnableDisable(argparse.Action):
+    """A vLLM switch: ``--enable-x`` on; ``--no-enable-x`` (0.32's BooleanOptionalAction) and
+    ``--disable-x`` (0.34's EnableDisableAction, which still takes the former) off."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        name = option_strings[0].removeprefix("--enable-")
+        self.off = (f"--no-enable-{name}", f"--disable-{name}")
+        super().__init__([*option_strings, *self.off], dest, nargs=0, **kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, option_string not in self.off)
 
 
 def _simulator_flags(parser: argparse.ArgumentParser) -> None:
@@ -191,6 +222,7 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | os._E
         max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank,
         max_cpu_loras=args.max_cpu_loras,
+        enable_prefix_caching=args.enable_prefix_caching,
     )
     return SimSettings(
         host=args.host,
@@ -204,6 +236,7 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | os._E
         allow_runtime_lora_updating=runtime_lora_updating_allowed(environ),
         lora_modules=tuple(parse_lora_module(spec) for spec in args.lora_modules),
         release=release,
+        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
     )
 
 
@@ -230,7 +263,8 @@ async def _serve(settings: SimSettings) -> int:
     engine = settings.engine
     log.info(
         "Started vLLM simulator url=http://%s:%d model=%s enable_lora=%s max_loras=%d max_cpu_loras=%d "
-        "max_lora_rank=%d kv_cache_tokens=%d time_scale=%g runtime_lora_updating=%s vllm_version=%s",
+        "max_lora_rank=%d kv_cache_tokens=%d prefix_caching=%s time_scale=%g runtime_lora_updating=%s "
+        "vllm_version=%s",
         settings.host,
         server.port,
         settings.served_model_names[0],
@@ -239,6 +273,7 @@ async def _serve(settings: SimSettings) -> int:
         engine.cpu_capacity,
         engine.max_lora_rank,
         engine.num_gpu_blocks * engine.block_size,
+        engine.enable_prefix_caching,
         settings.time_scale,
         settings.allow_runtime_lora_updating,
         settings.release.version,

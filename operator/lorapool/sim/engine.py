@@ -20,9 +20,26 @@ What it reproduces from vLLM (``vllm/v1/core/sched/scheduler.py``, ``vllm/lora/`
   disk, and the whole batch waits for it;
 * vLLM 0.32's sticky ``load_inplace`` (``AdapterRef.reread``, set by the shell from the release's
   row): such an adapter is read from disk again at every step whose batch holds it;
-* step time from ``TimingParams``: batch size, prefill tokens, distinct adapters, load stalls.
+* step time from ``TimingParams``: batch size, prefill tokens, distinct adapters, load stalls;
+* automatic prefix caching (``--enable-prefix-caching``, on by default in V1), as vLLM 0.32.0's
+  ``vllm/v1/core/{kv_cache_manager,block_pool,single_type_kv_cache_manager}.py`` (0.34.0 the
+  same for what is modelled): a request carries the chained hashes of its prompt's full blocks
+  (``SimRequest.block_hashes``, computed by the shell with the adapter's name and path as salt);
+  at admission the longest run of its leading blocks found in the cache is shared by reference
+  (at most ``(tokens - 1) // block_size`` blocks: the last token is always computed), prefill
+  starts after them, so the step's prefill time covers only the uncached tokens; a scheduled
+  chunk registers the blocks it fills; a freed cached block stays evictable, counts as free and
+  is evicted least recently freed first (a request's tail block first) once no uncached free
+  block is left; ``vllm:prefix_cache_queries``/``_hits`` count fresh admissions' tokens.
 
-What it leaves out: prefix caching, speculative decoding, priorities, n > 1, beam search.
+Where the prefix cache is simpler than vLLM's: only prompt blocks are hashed (vLLM also caches
+the blocks a request's output fills, so a preempted request or a conversation resending the
+reply can hit more there); a block computed while a running request holds the same one stays
+uncached, and a recomputed copy of an evictable block replaces it (vLLM caches every copy under
+the one hash, so the hash outlives a copy's eviction); no sub-block hits, sliding windows or KV
+connectors; hashes are 64 bits.
+
+What it leaves out: speculative decoding, priorities, n > 1, beam search.
 """
 
 from __future__ import annotations
@@ -36,6 +53,7 @@ from lorapool.api.peft import VLLM_RANKS
 from lorapool.sim.timing import TimingParams
 
 WAITING, RUNNING, FINISHED = 0, 1, 2
+_NO_HIT = (0, 0)  # no cached blocks, none of them evictable
 FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort")
 
 
@@ -63,6 +81,9 @@ class SimRequest:
     adapter: AdapterRef | None = None
     handle: Any = None  # opaque to the engine: the shell's per-request waiter
     arrival_s: float = 0.0  # virtual clock, set by run_workload
+    # Chained hashes of the prompt's full KV blocks, salted by the adapter (text.block_hashes); at
+    # most prompt_tokens // block_size of them. Empty: nothing to look up or to cache.
+    block_hashes: tuple[int, ...] = ()
     # engine-owned state
     state: int = WAITING
     prefill_len: int = 0  # tokens to prefill: the prompt, or prompt + output after a preemption
@@ -74,6 +95,9 @@ class SimRequest:
     first_token_s: float = -1.0
     finished_s: float = -1.0
     final_reason: str = ""
+    cached_tokens: int = 0  # prefix-cache hit at its first admission (vLLM's num_cached_tokens)
+    held: list[int] = field(default_factory=list)  # hashes of the cached blocks it references
+    registered: int = 0  # leading block_hashes it has hit or computed
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +140,7 @@ class EngineConfig:
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None  # None: equal to max_loras, as in vLLM
+    enable_prefix_caching: bool = True  # vLLM V1's default (CacheConfig.enable_prefix_caching)
 
     def __post_init__(self) -> None:
         if self.max_lora_rank not in VLLM_RANKS:
@@ -155,6 +180,10 @@ class EngineStats:
     cold_loads: int = 0
     stall_s: float = 0.0
     busy_s: float = 0.0
+    # vLLM's PrefixCacheStats of fresh admissions (a preempted request's re-admission is not counted)
+    prefix_cache_queries: int = 0  # prompt tokens looked up
+    prefix_cache_hits: int = 0  # of those, tokens found cached
+    prompt_tokens_cached: int = 0  # cached tokens of prompts that had their first token
 
 
 @dataclass(slots=True)
@@ -184,7 +213,12 @@ class Engine:
         self.timing = timing
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
-        self.free_blocks = config.num_gpu_blocks
+        self.free_blocks = config.num_gpu_blocks  # free KV blocks, evictable cached ones included
+        self._caching = config.enable_prefix_caching
+        # The prefix cache: block hash -> requests referencing the block (0: evictable), and the
+        # evictable ones in vLLM's free-queue order (least recently freed first, evicted first).
+        self._cached: dict[int, int] = {}
+        self._evictable: OrderedDict[int, None] = OrderedDict()
         self.clock_s = 0.0  # simulated seconds spent in steps and loads
         self.stats = EngineStats()
         self._gpu: OrderedDict[int, AdapterRef] = OrderedDict()  # least recently used first
@@ -199,6 +233,11 @@ class Engine:
 
     def add_request(self, req: SimRequest) -> None:
         """Queue a request; the shell has already checked it fits max_model_len."""
+        if len(req.block_hashes) > req.prompt_tokens // self.config.block_size:
+            raise ValueError(
+                f"request {req.request_id}: {len(req.block_hashes)} block hashes for {req.prompt_tokens} "
+                f"prompt tokens; at most one per full block of {self.config.block_size} tokens"
+            )
         req.state = WAITING
         req.prefill_len = req.prompt_tokens
         self.waiting.append(req)
@@ -243,6 +282,17 @@ class Engine:
         """Fraction of KV blocks in use, as vllm:kv_cache_usage_perc (1.0 = full)."""
         total = self.config.num_gpu_blocks
         return (total - self.free_blocks) / total
+
+    def cached_prefix_blocks(self, block_hashes: tuple[int, ...]) -> int:
+        """Leading blocks of ``block_hashes`` the prefix cache holds (in use or evictable)."""
+        hit = 0
+        while hit < len(block_hashes) and block_hashes[hit] in self._cached:
+            hit += 1
+        return hit
+
+    def evictable_blocks(self) -> tuple[int, ...]:
+        """Hashes of cached blocks no request references, the next to be evicted first."""
+        return tuple(self._evictable)
 
     def running_adapter_names(self) -> tuple[str, ...]:
         return tuple(self._running_names)
@@ -352,9 +402,11 @@ class Engine:
                     break
             if self_preempted:
                 break
-            self.free_blocks -= need
+            self._take(need)
             req.blocks += need
             batch.add(req, n, prefill=remaining > 0)
+            if self._caching and req.registered < len(req.block_hashes):
+                self._register(req, req.computed + n)
             i += 1
 
     def _schedule_waiting(self, batch: _Batch) -> None:
@@ -368,21 +420,43 @@ class Engine:
             if adapter is not None and len(batch.loras) >= cfg.max_loras and adapter.lora_id not in batch.loras:
                 skipped.append(waiting.popleft())  # vLLM: scheduling would exceed max_loras
                 continue
-            n = min(req.prefill_len - req.computed, batch.budget)
-            need = -(-(req.kv_tokens + n) // cfg.block_size) - req.blocks
-            if need > self.free_blocks:
+            if not self._admit(req, batch):
                 break
             waiting.popleft()
             req.state = RUNNING
             running.append(req)
-            self.free_blocks -= need
-            req.blocks += need
-            batch.add(req, n, prefill=True)
             if adapter is not None:
                 _dec(self._waiting_names, adapter.name)
                 _inc(self._running_names, adapter.name)
         if skipped:
             waiting.extendleft(reversed(skipped))
+
+    def _admit(self, req: SimRequest, batch: _Batch) -> bool:
+        """Give a waiting request its cached prefix and the blocks of its first chunk, if they fit.
+
+        A waiting request holds no blocks and has computed nothing (new, or preempted). As vLLM's
+        ``allocate_slots``: the hit blocks are shared, not allocated, but an evictable one leaves
+        the free queue, so it counts against the free blocks as a new one does."""
+        block = self.config.block_size
+        hit, touched = self._lookup(req) if self._caching else _NO_HIT
+        hit_tokens = hit * block
+        n = min(req.prefill_len - hit_tokens, batch.budget)
+        new = -(-(hit_tokens + n) // block) - hit
+        if new + touched > self.free_blocks:
+            return False
+        if self._caching:
+            self._reference(req, hit)
+            if req.num_preemptions == 0:  # vLLM counts re-admissions of preempted requests apart
+                self.stats.prefix_cache_queries += req.prefill_len
+                self.stats.prefix_cache_hits += hit_tokens
+                req.cached_tokens = hit_tokens
+        req.computed = req.kv_tokens = hit_tokens
+        self._take(new + touched)
+        req.blocks = hit + new
+        batch.add(req, n, prefill=True)
+        if self._caching and req.registered < len(req.block_hashes):
+            self._register(req, hit_tokens + n)
+        return True
 
     def _advance(
         self, scheduled: list[tuple[SimRequest, int]], *, now: float
@@ -400,6 +474,7 @@ class Engine:
                 if req.first_token_s < 0:
                     req.first_token_s = now
                     stats.prompt_tokens += req.prompt_tokens
+                    stats.prompt_tokens_cached += req.cached_tokens
                     if req.adapter is not None:
                         _inc(self._listed_names, req.adapter.name)
             req.generated += 1
@@ -488,8 +563,85 @@ class Engine:
             _inc(self._waiting_names, req.adapter.name)
 
     def _release(self, req: SimRequest) -> None:
-        self.free_blocks += req.blocks
+        """Free a request's blocks; its cached ones no other request uses become evictable,
+        tail block first (vLLM frees a request's blocks in reverse, so its tail is evicted first)."""
+        held = req.held
+        if held:
+            freed = req.blocks - len(held)
+            cached, evictable = self._cached, self._evictable
+            for block_hash in reversed(held):
+                refs = cached[block_hash] - 1
+                cached[block_hash] = refs
+                if not refs:
+                    evictable[block_hash] = None
+                    freed += 1
+            held.clear()
+            self.free_blocks += freed
+        else:
+            self.free_blocks += req.blocks
         req.blocks = 0
+        req.registered = 0
+
+    # -- the prefix cache -----------------------------------------------------------------
+
+    def _lookup(self, req: SimRequest) -> tuple[int, int]:
+        """The request's leading blocks in the cache, and how many of them are evictable.
+
+        As vLLM's ``get_computed_blocks``: the hit stops at the first miss (hashes are chained)
+        and covers at most ``prefill_len - 1`` tokens, so the last token is computed for logits."""
+        hashes = req.block_hashes
+        if not hashes:
+            return _NO_HIT
+        limit = min(len(hashes), (req.prefill_len - 1) // self.config.block_size)
+        cached = self._cached
+        hit = touched = 0
+        while hit < limit:
+            refs = cached.get(hashes[hit])
+            if refs is None:
+                break
+            touched += not refs
+            hit += 1
+        return hit, touched
+
+    def _reference(self, req: SimRequest, hit: int) -> None:
+        """Share the first ``hit`` cached blocks with the request (vLLM's ``touch``)."""
+        cached, evictable = self._cached, self._evictable
+        hashes = req.block_hashes
+        for i in range(hit):
+            block_hash = hashes[i]
+            refs = cached[block_hash]
+            if not refs:
+                del evictable[block_hash]
+            cached[block_hash] = refs + 1
+            req.held.append(block_hash)
+        req.registered = hit
+
+    def _register(self, req: SimRequest, computed_tokens: int) -> None:
+        """Cache the prompt blocks full once ``computed_tokens`` are computed. vLLM caches them
+        when it schedules their tokens, so a request admitted later in the same step hits them."""
+        hashes = req.block_hashes
+        end = min(computed_tokens // self.config.block_size, len(hashes))
+        cached, evictable = self._cached, self._evictable
+        for i in range(req.registered, end):
+            block_hash = hashes[i]
+            refs = cached.get(block_hash)
+            if refs:  # a running request computed it too: this copy stays uncached (vLLM caches both)
+                continue
+            if refs == 0:  # an evictable copy: this one replaces it (in vLLM it outlives it)
+                del evictable[block_hash]
+            cached[block_hash] = 1
+            req.held.append(block_hash)
+        req.registered = max(end, req.registered)
+
+    def _take(self, count: int) -> None:
+        """Allocate ``count`` free blocks: uncached ones first, then by evicting the least
+        recently freed cached blocks (vLLM's free queue holds uncached blocks at its head)."""
+        self.free_blocks -= count
+        evictable = self._evictable
+        if len(evictable) > self.free_blocks:
+            cached = self._cached
+            for _ in range(len(evictable) - self.free_blocks):
+                del cached[evictable.popitem(last=False)[0]]
 
 
 def run_workload(engine: Engine, arrivals: Iterable[tuple[float, SimRequest]]) -> list[StepResult]:

@@ -22,14 +22,14 @@ the same metrics today, so both releases' pages are the same.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from lorapool.api.vllm_metrics import DEFAULT_FAMILY, FAMILIES, Family
-from lorapool.sim.engine import FINISH_REASONS, Engine
+from lorapool.sim.engine import FINISH_REASONS, Engine, EngineStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LABELS = ("model_name", "engine")
@@ -91,6 +91,25 @@ class SimMetrics:
         return generate_latest(self.registry)
 
 
+def _prefix_cache_families(
+    counter: Callable[[str, str, float], CounterMetricFamily], stats: EngineStats
+) -> Iterator[CounterMetricFamily]:
+    """vLLM's prefix-cache counters (``loggers.py``, 0.32 and 0.34), in tokens: what fresh
+    admissions looked up and found (0 with ``--no-enable-prefix-caching``, as vLLM), and the
+    cached tokens of prompts that reached their first token."""
+    yield counter(
+        "vllm:prefix_cache_queries",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        stats.prefix_cache_queries,
+    )
+    yield counter(
+        "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", stats.prefix_cache_hits
+    )
+    yield counter(
+        "vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).", stats.prompt_tokens_cached
+    )
+
+
 class _EngineCollector(Collector):
     def __init__(self, metrics: SimMetrics) -> None:
         self.metrics = metrics
@@ -122,6 +141,7 @@ class _EngineCollector(Collector):
         yield gauge(row.kv_usage[0], "KV-cache usage. 1 means 100 percent usage.", engine.kv_cache_usage)
         yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.", stats.prompt_tokens)
         yield counter("vllm:generation_tokens", "Number of generation tokens processed.", stats.generation_tokens)
+        yield from _prefix_cache_families(counter, stats)
         yield counter(
             row.preemptions[0].removesuffix("_total"),
             "Cumulative number of preemption from the engine.",

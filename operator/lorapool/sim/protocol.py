@@ -15,7 +15,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lorapool.sim.text import count_chat_tokens, count_text_tokens
+from lorapool.sim.text import (
+    chat_cache_text,
+    count_chat_tokens,
+    count_text_tokens,
+    text_cache_text,
+    token_ids_cache_text,
+)
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # vLLM's CompletionRequest default, as OpenAI's legacy API
 
@@ -90,6 +96,7 @@ class Generation:
     model: str | None
     prompt: str  # what seeds the output text
     prompt_tokens: int
+    cache_text: str  # the prompt as the prefix cache sees it, 4 characters per token (text.py)
     max_tokens: int | None
     max_tokens_param: str  # the field the client set ("max_tokens" or "max_completion_tokens")
     n: int
@@ -120,10 +127,10 @@ def parse_generation(body: Any, *, chat: bool) -> Generation:
     if n > 1 and stream:
         raise bad_request("the simulator streams n=1 only (n > 1 works without stream)", "n")
     if chat:
-        prompt, prompt_tokens, max_tokens, param = _chat_prompt(body)
+        prompt, prompt_tokens, cache_text, max_tokens, param = _chat_prompt(body)
     else:
         param = "max_tokens"
-        prompt, prompt_tokens = _completion_prompt(body.get("prompt"))
+        prompt, prompt_tokens, cache_text = _completion_prompt(body.get("prompt"))
         max_tokens = lax_int(body, "max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS)
     if max_tokens is not None and max_tokens < 1:
         raise bad_request(
@@ -135,6 +142,7 @@ def parse_generation(body: Any, *, chat: bool) -> Generation:
         model=model,
         prompt=prompt,
         prompt_tokens=prompt_tokens,
+        cache_text=cache_text,
         max_tokens=max_tokens,
         max_tokens_param=param,
         n=n,
@@ -145,8 +153,9 @@ def parse_generation(body: Any, *, chat: bool) -> Generation:
     )
 
 
-def _chat_prompt(body: Mapping[str, Any]) -> tuple[str, int, int | None, str]:
-    """A chat request's prompt text, its tokens, its token limit and the field that set the limit.
+def _chat_prompt(body: Mapping[str, Any]) -> tuple[str, int, str, int | None, str]:
+    """A chat request's prompt text, its tokens, its cache text, its token limit and the field
+    that set the limit.
 
     Apart from ``parse_generation`` because chat differs in all three: messages, not a prompt,
     are checked and counted under the chat template, and ``max_completion_tokens`` wins over
@@ -168,7 +177,7 @@ def _chat_prompt(body: Mapping[str, Any]) -> tuple[str, int, int | None, str]:
     param = "max_completion_tokens"
     if max_tokens is None:
         max_tokens, param = lax_int(body, "max_tokens"), "max_tokens"
-    return prompt, prompt_tokens, max_tokens, param
+    return prompt, prompt_tokens, chat_cache_text(messages), max_tokens, param
 
 
 def _include_usage(body: Mapping[str, Any], *, stream: bool) -> bool:
@@ -228,13 +237,14 @@ def lax_bool(body: Mapping[str, Any], key: str, default: bool) -> bool:
     raise wrong_type(key, value, "bool_parsing", "Input should be a valid boolean, unable to interpret input")
 
 
-def _completion_prompt(prompt: Any) -> tuple[str, int]:
+def _completion_prompt(prompt: Any) -> tuple[str, int, str]:
+    """The prompt's seed text, its tokens and its cache text."""
     if isinstance(prompt, str) and prompt:
-        return prompt, count_text_tokens(prompt)
+        return prompt, count_text_tokens(prompt), text_cache_text(prompt)
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        return prompt[0], count_text_tokens(prompt[0])
+        return prompt[0], count_text_tokens(prompt[0]), text_cache_text(prompt[0])
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return ",".join(map(str, prompt)), len(prompt)
+        return ",".join(map(str, prompt)), len(prompt), token_ids_cache_text(prompt)
     if prompt is None or prompt in ("", []):
         raise bad_request("Either prompt or prompt_embeds must be provided and non-empty. (parameter=prompt)", "prompt")
     raise bad_request("the simulator serves one prompt per request (a string or a list of token ids)", "prompt")
@@ -266,14 +276,22 @@ def check_context(prompt_tokens: int, max_tokens: int | None, max_model_len: int
     return left if max_tokens is None else min(max_tokens, left)
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+def usage(prompt_tokens: int, completion_tokens: int, prompt_details: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
-        "prompt_tokens_details": None,
+        "prompt_tokens_details": prompt_details,
         "completion_tokens_details": None,
     }
+
+
+def prompt_tokens_details(cached_tokens: int, created_cache_tokens: int | None, *, streamed: bool) -> dict[str, Any]:
+    """vLLM's ``PromptTokenUsageInfo``, sent only with ``--enable-prompt-tokens-details`` (off by
+    default): the prompt tokens its prefix cache served; chat also reports the tokens it cached
+    (``created_cache_tokens``), completions leave it null. vLLM's streamed usage chunk omits nulls."""
+    details = {"cached_tokens": cached_tokens, "created_cache_tokens": created_cache_tokens, "multimodal_tokens": None}
+    return {key: value for key, value in details.items() if value is not None} if streamed else details
 
 
 SYSTEM_FINGERPRINT = "lorapool-sim"

@@ -41,7 +41,7 @@ from lorapool.sim.engine import (
 )
 from lorapool.sim.metrics import CONTENT_TYPE, SimMetrics
 from lorapool.sim.protocol import RequestError
-from lorapool.sim.text import natural_output_tokens, output_text, request_seed
+from lorapool.sim.text import block_hashes, lora_salt, natural_output_tokens, output_text, request_seed
 from lorapool.sim.timing import TimingParams
 
 log = logging.getLogger("lorapool.sim")
@@ -73,6 +73,7 @@ class SimSettings:
     allow_runtime_lora_updating: bool
     lora_modules: tuple[LoRAModule, ...] = ()
     release: VllmRelease = SUPPORTED[CPU_TIER]  # the vLLM release it behaves as (--vllm-version)
+    enable_prompt_tokens_details: bool = False  # usage.prompt_tokens_details, as vLLM's flag (off)
 
 
 class _Waiter:
@@ -307,7 +308,8 @@ class SimServer:
         seed_model = model if adapter is None else f"{model}@{adapter.path}"
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         loop = asyncio.get_running_loop()
-        seqs = [self._sequence(rid, i, gen, seed_model, max_tokens, adapter, loop.time()) for i in range(gen.n)]
+        hashes = self._block_hashes(gen, adapter)
+        seqs = [self._sequence(rid, i, gen, seed_model, max_tokens, adapter, hashes, loop.time()) for i in range(gen.n)]
         self._kick()
         try:
             if gen.stream:
@@ -322,7 +324,7 @@ class SimServer:
                 if req.state != FINISHED:
                     self.engine.abort(req)
         generated = sum(req.generated for req, _, _ in seqs)
-        used = protocol.usage(gen.prompt_tokens, generated)
+        used = self._usage(gen, seqs[0][0], generated, streamed=False)
         choice = protocol.chat_choice if chat else protocol.completion_choice
         choices = [
             choice(i, output_text(seed, 0, req.generated), req.final_reason) for i, (req, _, seed) in enumerate(seqs)
@@ -338,6 +340,7 @@ class SimServer:
         seed_model: str,
         max_tokens: int,
         adapter: AdapterRef | None,
+        hashes: tuple[int, ...],
         now: float,
     ) -> tuple[SimRequest, _Waiter, int]:
         """Queue one output sequence (``n`` > 1 queues n of them, as vLLM's parallel sampling)."""
@@ -350,7 +353,14 @@ class SimServer:
             output_tokens, reason = max_tokens, "length"
         else:
             output_tokens, reason = natural, "stop"
-        req = SimRequest(rid if index == 0 else f"{rid}-{index}", gen.prompt_tokens, output_tokens, reason, adapter)
+        req = SimRequest(
+            rid if index == 0 else f"{rid}-{index}",
+            gen.prompt_tokens,
+            output_tokens,
+            reason,
+            adapter,
+            block_hashes=hashes,
+        )
         waiter = _Waiter(now, gen.stream)
         req.handle = waiter
         self.engine.add_request(req)
@@ -382,7 +392,7 @@ class SimServer:
                 payload += chunk.render(output_text(seed, sent, visible), req.final_reason if waiter.done else None)
                 if waiter.done:
                     if gen.include_usage:
-                        used = protocol.usage(gen.prompt_tokens, req.generated)
+                        used = self._usage(gen, req, req.generated, streamed=True)
                         payload += (
                             b"data: "
                             + protocol.dumps(protocol.usage_chunk(rid, created, model, gen.chat, used))
@@ -397,6 +407,25 @@ class SimServer:
             await waiter.future
         await response.write_eof()
         return response
+
+    def _block_hashes(self, gen: protocol.Generation, adapter: AdapterRef | None) -> tuple[int, ...]:
+        """The prompt's full-block hashes for the engine's prefix cache (none when it is off),
+        salted as vLLM salts them: by the adapter's name and path, not at all for the base model."""
+        engine = self.settings.engine
+        if not engine.enable_prefix_caching:
+            return ()
+        salt = "" if adapter is None else lora_salt(adapter.name, adapter.path)
+        return block_hashes(gen.cache_text, engine.block_size, salt)
+
+    def _usage(self, gen: protocol.Generation, req: SimRequest, generated: int, *, streamed: bool) -> dict[str, Any]:
+        """The response's usage; ``prompt_tokens_details`` only with --enable-prompt-tokens-details,
+        from the first sequence (as vLLM, which reports one request's cache hit). Chat's
+        ``created_cache_tokens``: the prompt's full blocks, now cached, less those it hit."""
+        details = None
+        if self.settings.enable_prompt_tokens_details:
+            created = len(req.block_hashes) * self.settings.engine.block_size - req.cached_tokens if gen.chat else None
+            details = protocol.prompt_tokens_details(req.cached_tokens, created, streamed=streamed)
+        return protocol.usage(gen.prompt_tokens, generated, details)
 
     def _resolve(self, model: str | None) -> tuple[str, AdapterRef | None]:
         """The response's model name and the adapter a request selects, or vLLM's 404."""
@@ -438,6 +467,9 @@ class SimServer:
                 log.info("Refused LoRA adapter name=%s path=%s reason=%r", name, path, exc.message)
                 return _error(exc.status, exc.err_type, exc.message)
             event = await self._run_utility(lambda: self.engine.load_adapter(ref, replace=existing is not None))
+            if existing is not None and existing.path == path:
+                # As vLLM: the prefix cache is salted by name and path, so the old weights' blocks still hit
+                log.warning("Reloaded LoRA adapter in place from the same path name=%s path=%s", name, path)
             self.adapters[name] = ref
         log.info("Loaded LoRA adapter name=%s path=%s rank=%d stall_s=%.3f", name, path, ref.rank, event.seconds)
         return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")

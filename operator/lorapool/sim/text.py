@@ -11,11 +11,21 @@ output back to roughly the number of tokens generated.
 What a request produces depends only on the server seed, the model name, the request's own
 ``seed`` and its prompt: same inputs, same text and same length, on every run and every machine
 (``hashlib``, never Python's per-process ``hash``).
+
+For the prefix cache a prompt becomes its *cache text*, exactly ``CHARS_PER_TOKEN`` characters
+per estimated token, so a KV block of ``block_size`` tokens is ``block_size x 4`` characters of it:
+a completion prompt padded to a multiple of 4, a token-id prompt 4 characters per id, a chat
+request the Llama-3 template rendered with one 4-character stand-in per special token, each
+message's text padded. Messages render in order, so a conversation that resends its history
+shares the cache text, and the blocks, of its earlier turn. ``block_hashes`` chains the full
+blocks' hashes as vLLM 0.32's ``hash_block_tokens`` (``vllm/v1/core/kv_cache_utils.py``) does over
+token ids: parent hash, block content, extra keys (``lora_salt``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -37,6 +47,11 @@ _WORDS: tuple[str, ...] = tuple(" " + word for word in _WORD_LIST.split())
 # Streaming splices output text into pre-rendered JSON: it must never need escaping.
 assert all(word[1:].isalpha() and word.isascii() for word in _WORDS)
 _MASK64 = (1 << 64) - 1
+CHARS_PER_TOKEN = 4
+_PAD = "\x00"  # fills a text to whole tokens; never a character of its own
+# Llama-3's special tokens, 4 characters each: <|begin_of_text|>, the header tokens, <|eot_id|>
+_BOS, _START_HEADER, _END_HEADER, _EOT = "\x01bos", "\x01sh\x01", "\x01eh\x01", "\x01eo\x01"
+_HEADER_NEWLINES = "\n\n" + _PAD * 2  # the "\n\n" token after a header
 
 
 def count_text_tokens(text: str) -> int:
@@ -76,6 +91,60 @@ def count_chat_tokens(messages: Sequence[Mapping[str, Any]]) -> tuple[int, str]:
         pieces.append(role)
         pieces.append(text)
     return total, "\x1f".join(pieces)
+
+
+def text_cache_text(text: str) -> str:
+    """A completion prompt as the prefix cache sees it: 4 characters per estimated token."""
+    return _padded(text)
+
+
+def token_ids_cache_text(token_ids: Sequence[int]) -> str:
+    """A token-id prompt as the prefix cache sees it: each id as 4 characters (its 32 bits)."""
+    return struct.pack(f"<{len(token_ids)}I", *(t & 0xFFFFFFFF for t in token_ids)).decode("latin-1")
+
+
+def chat_cache_text(messages: Sequence[Mapping[str, Any]]) -> str:
+    """A chat request as the Llama-3 template renders it, 4 characters per token of the estimate
+    ``count_chat_tokens`` makes (so ``len == 4 x`` its count); ends with the assistant header."""
+    parts = [_BOS]
+    for message in messages:
+        parts.append(_header(str(message.get("role"))))
+        parts.append(_padded(message_text(message.get("content"))))
+        parts.append(_EOT)
+    parts.append(_header("assistant"))
+    return "".join(parts)
+
+
+def lora_salt(name: str, path: str) -> str:
+    """The prefix-cache salt of an adapter: vLLM 0.32 and 0.34 key its blocks on ("lora", name,
+    path), so another adapter, or the same name loaded from another path (a hot swap), misses."""
+    return f"lora\x00{name}\x00{path}"
+
+
+def block_hashes(cache_text: str, block_size: int, salt: str = "") -> tuple[int, ...]:
+    """Chained 64-bit hashes of the full blocks of a prompt's cache text, salted (base model: "").
+
+    Block i's hash covers block i-1's hash and block i's characters, so equal hashes mean equal
+    prefixes under the same salt; the salt seeds the chain as vLLM's extra keys enter every block."""
+    block_chars = block_size * CHARS_PER_TOKEN
+    parent = hashlib.blake2b(salt.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+    out = []
+    for start in range(0, len(cache_text) - block_chars + 1, block_chars):
+        digest = hashlib.blake2b(parent, digest_size=16)
+        digest.update(cache_text[start : start + block_chars].encode("utf-8", "surrogatepass"))
+        parent = digest.digest()
+        out.append(int.from_bytes(parent[:8], "little"))
+    return tuple(out)
+
+
+def _padded(text: str) -> str:
+    return text + _PAD * (-len(text) % CHARS_PER_TOKEN)
+
+
+def _header(role: str) -> str:
+    """<|start_header_id|> role <|end_header_id|> "\n\n": 4 tokens, the role as 4 hex digits of its hash."""
+    role_token = hashlib.blake2b(role.encode("utf-8", "surrogatepass"), digest_size=2).hexdigest()
+    return _START_HEADER + role_token + _END_HEADER + _HEADER_NEWLINES
 
 
 def request_seed(server_seed: int, model: str, prompt: str, seed: int | None) -> int:
