@@ -143,7 +143,7 @@ class Proxy:
         allow = self.scheduler.limit(model, parsed.prompt_tokens)
         if isinstance(allow, Throttle):  # before it counts as demand (core.ratelimit says why)
             return throttle_response(allow), model, self.scheduler.known(model)
-        req = self.scheduler.request_for(model, parsed.prompt_tokens, parsed.max_tokens)
+        req = self.scheduler.request_for(model, parsed.prompt_tokens, parsed.max_tokens, prompt=parsed.prompt)
         # Counted once per client request, at admission: retries and waits do not count again.
         known_adapter = req.is_adapter and self.scheduler.known(model)
         self.requests.count(model, is_adapter=req.is_adapter, known=known_adapter, now_s=start, wall_s=time.time())

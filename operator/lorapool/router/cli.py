@@ -9,6 +9,7 @@ import argparse
 import sys
 
 from lorapool.router.core import registry
+from lorapool.router.core.scorers.prefix import PREFIX_WEIGHT
 from lorapool.router.settings import MIB, RouterSettings
 
 
@@ -76,6 +77,18 @@ def _add_policy_flags(parser: argparse.ArgumentParser, d: RouterSettings) -> Non
         default=d.load_slack,
         metavar="REQUESTS",
         help="affinity: requests a backend may run above the mean before spreading (default %(default)s)",
+    )
+    parser.add_argument(
+        "--prefix-weight",
+        type=float,
+        nargs="?",
+        const=PREFIX_WEIGHT,
+        default=d.prefix_weight,
+        metavar="W",
+        help="affinity: weight of the prefix scorer, which prefers, among the replicas lora-affinity ranks"
+        " alike, the one recently sent the prompt's head for the same adapter (its KV prefix cache);"
+        f" the flag alone: {PREFIX_WEIGHT:g}, between least-load's 1 and lora-affinity's level gap of 2"
+        " (default %(default)s: off)",
     )
     parser.add_argument(
         "--hold-rule",
@@ -273,6 +286,7 @@ def settings_from(args: argparse.Namespace) -> RouterSettings:
         policy=args.policy,
         load_factor=args.load_factor,
         load_slack=args.load_slack,
+        prefix_weight=args.prefix_weight,
         hold_rule=args.hold_rule or "",
         max_loras=args.max_loras,
         max_cpu_loras=args.max_cpu_loras,

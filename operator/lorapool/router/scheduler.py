@@ -40,6 +40,7 @@ from lorapool.router.core.backend import Backend, DecisionKind, Request
 from lorapool.router.core.fairness import VirtualTokenCounter, cost, estimate
 from lorapool.router.core.policy import Scheduling
 from lorapool.router.core.ratelimit import Allow, RateLimiter, Throttle
+from lorapool.router.core.scorers.prefix import block_hashes
 from lorapool.router.core.state import BackendState, ReadOnlyBackendState
 from lorapool.router.core.waitqueue import WaitQueues
 from lorapool.router.settings import RouterSettings
@@ -108,6 +109,8 @@ class Scheduler:
         self.limits = RateLimiter()
         # --fair-dispatch: held requests bind by virtual token counter (core.fairness), else class then age.
         self.fairness = VirtualTokenCounter() if settings.fair_dispatch else None
+        # --prefix-weight: requests carry their prompt's block hashes (core/scorers/prefix.py).
+        self._hashes_prompts = settings.prefix_weight > 0
         # Set by the poller: re-reads /v1/models when a model is unknown everywhere.
         self.refresh_models: Callable[[], Awaitable[None]] | None = None
         telemetry.watch(self.backends, self.queues.depths)
@@ -131,10 +134,15 @@ class Scheduler:
             for s in self._states.values()
         )
 
-    def request_for(self, model: str, prompt_tokens: int = 0, max_tokens: int | None = None) -> Request:
-        """What admission reads of a request for ``model`` (its class from the traffic policy)."""
+    def request_for(
+        self, model: str, prompt_tokens: int = 0, max_tokens: int | None = None, *, prompt: str = ""
+    ) -> Request:
+        """What admission reads of a request for ``model`` (its class from the traffic policy);
+        ``prompt``: its text (``RequestBody.prompt``), hashed into blocks once here, with the prefix
+        scorer on (--prefix-weight), for every decision and the bind to read."""
         priority = self.traffic.of(model).priority
-        return Request(model, model not in self.base_models(), priority, prompt_tokens, max_tokens)
+        blocks = block_hashes(model, prompt) if self._hashes_prompts and prompt else ()
+        return Request(model, model not in self.base_models(), priority, prompt_tokens, max_tokens, blocks)
 
     def meters(self, allow: Allow) -> bool:
         """Whether a response's token use must be read: its adapter is token-limited, or fair
@@ -330,7 +338,7 @@ class Scheduler:
             log.debug("Bound request", extra=extra)
         if req.is_adapter:
             self.telemetry.routed(req.model, hit=bind.hit, slot_load=not bind.in_slot)
-        state.begin(req.model, is_adapter=req.is_adapter)
+        state.begin(req.model, is_adapter=req.is_adapter, blocks=req.prefix_blocks)
         self.telemetry.decided(bind.kind)
         lease = Lease(state, req, bind)
         if self.fairness is not None and charge:

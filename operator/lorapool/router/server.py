@@ -216,6 +216,7 @@ def _log_started(settings: RouterSettings, scheduler: Scheduler) -> None:
         extra={
             "address": f"http://{settings.host}:{settings.port}",
             "policy": settings.policy,
+            "prefix_weight": settings.prefix_weight,
             "backends": len(backends),
             "backends_up": sum(s.up for s in backends),
             "reports": sum(st.report is not None for st in backends),

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from lorapool.api.common import RouterPolicy
 from lorapool.router.core.plugin import DEFAULT_LOAD_FACTOR, DEFAULT_LOAD_SLACK, PolicyParams
+from lorapool.router.core.scorers.prefix import PREFIX_WEIGHT
 
 MIB = 1024 * 1024
 
@@ -39,6 +40,10 @@ class RouterSettings:
     load_slack: float = DEFAULT_LOAD_SLACK
     # A hold rule (registry.HOLDS) instead of the policy's own; "" keeps the policy's.
     hold_rule: str = ""
+    # The affinity policy's prefix scorer weight (core/scorers/prefix.py: prefix-cache locality
+    # among an adapter's replicas); 0: off, the policy is the one without it. Off until measured;
+    # 1.5 (the flag alone) sits between least-load's 1 and lora-affinity's level gap of 2.
+    prefix_weight: float = 0.0
     # GPU slots assumed until a backend reports vllm:lora_requests_info{max_lora} (vLLM's default).
     max_loras: int = 1
     # vLLM --max-cpu-loras of the replicas, if known: lets the policy prefer CPU-cached adapters.
@@ -125,7 +130,26 @@ class RouterSettings:
             raise ValueError(f"--max-prefilling must be >= 0 requests (0: no cap), got {self.max_prefilling}")
         if self.ext_proc_fallbacks < 0:
             raise ValueError(f"--ext-proc-fallbacks must be >= 0, got {self.ext_proc_fallbacks}")
+        self._check_prefix_weight()
+
+    def _check_prefix_weight(self) -> None:
+        weight = self.prefix_weight
+        if not (weight >= 0 and math.isfinite(weight)):
+            raise ValueError(
+                f"--prefix-weight must be a finite weight >= 0 (0: off; {PREFIX_WEIGHT:g} keeps prefix locality"
+                f" under lora-affinity's levels), got {weight:g}"
+            )
+        if weight > 0 and self.policy != RouterPolicy.AFFINITY:
+            raise ValueError(
+                f"--prefix-weight applies to --policy affinity, not {self.policy}"
+                " (the least-loaded and round-robin baselines stay prompt-blind); drop the flag or use affinity"
+            )
 
     def policy_params(self) -> PolicyParams:
         """The knobs the policy's plugin factories read."""
-        return PolicyParams(load_factor=self.load_factor, load_slack=self.load_slack, hold_rule=self.hold_rule)
+        return PolicyParams(
+            load_factor=self.load_factor,
+            load_slack=self.load_slack,
+            hold_rule=self.hold_rule,
+            prefix_weight=self.prefix_weight,
+        )

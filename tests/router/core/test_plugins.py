@@ -20,11 +20,17 @@ from lorapool.router.core.filters.bounded_load import bounded_load
 from lorapool.router.core.pickers import HighestScore, RoundRobin
 from lorapool.router.core.plugin import FilterPlugin, HoldPlugin, PickerPlugin, PolicyParams, ScorerPlugin
 from lorapool.router.core.scorers import lora_affinity
+from lorapool.router.core.scorers.prefix import PREFIX_WEIGHT, block_hashes
 from lorapool.router.core.scorers.rendezvous import rendezvous_weight
 
 A = Request("a")
 BASE = Request("base", is_adapter=False)
 PARAMS = PolicyParams()
+# A prompt of four whole 64-character blocks, hashed for adapter "a" and for adapter "b".
+HEAD = block_hashes("a", "".join(f"block {i}: ".ljust(64, "x") for i in range(4)))
+OTHER_ADAPTER = block_hashes("b", "".join(f"block {i}: ".ljust(64, "x") for i in range(4)))
+A_PROMPT = Request("a", prefix_blocks=HEAD)
+PREFIX_ON = PolicyParams(prefix_weight=PREFIX_WEIGHT)
 
 
 def b(bid: str, **kw: Any) -> Backend:
@@ -139,6 +145,31 @@ SCORER_CASES: dict[str, list[Case]] = {
         ),
         Case("another model, another hash", BASE, [b("x")], {"x": rendezvous_weight("base", "x")}),
     ],
+    "prefix": [
+        Case(
+            "the longest leading run, as a fraction of the request's blocks",
+            A_PROMPT,
+            [
+                b("all", recent_blocks=frozenset(HEAD)),
+                b("half", recent_blocks=frozenset(HEAD[:2])),
+                b("gap", recent_blocks=frozenset({HEAD[0], HEAD[2], HEAD[3]})),
+                b("tail", recent_blocks=frozenset(HEAD[1:])),
+                b("none"),
+            ],
+            {"all": 1.0, "half": 0.5, "gap": 0.25, "tail": 0.0, "none": 0.0},
+            PREFIX_ON,
+        ),
+        Case(
+            "salted by the adapter: the same text sent for another adapter scores 0",
+            A_PROMPT,
+            [b("1", recent_blocks=frozenset(OTHER_ADAPTER))],
+            {"1": 0.0},
+            PREFIX_ON,
+        ),
+        Case(
+            "no whole block (or the scorer off): 0", A, [b("1", recent_blocks=frozenset(HEAD))], {"1": 0.0}, PREFIX_ON
+        ),
+    ],
     "slot-pressure": [
         Case("fits: 1", A, [b("1", active={"x": 1}), b("2", active={"a": 1, "x": 1})], {"1": 1.0, "2": 1.0}),
         Case("one over: 1/2", A, [b("1", active={"x": 1, "y": 1})], {"1": 0.5}),
@@ -247,6 +278,7 @@ PERTURBED: dict[str, Any] = {
     "cached": frozenset({"a", "base"}),
     "load": 13,
     "kv_usage": 0.77,
+    "recent_blocks": frozenset(HEAD),
     "report": ReplicaReport(engine_healthy=True, adapters={"a": AdapterReport(ReplicaPhase.FAILED, "x")}),
 }
 BACKEND_FIELDS = {f.name for f in dataclasses.fields(Backend)}
@@ -279,7 +311,7 @@ def test_a_plugin_reads_only_the_fields_it_declares(plugin: FilterPlugin | Score
             changed = [dataclasses.replace(x, **{field: PERTURBED[field]}) for x in case.backends]
             assert answer(plugin, case.req, changed) == before, f"{plugin.name} reads {field}"
         if "is_adapter" not in plugin.reads:
-            flipped = Request(case.req.model, is_adapter=not case.req.is_adapter)
+            flipped = dataclasses.replace(case.req, is_adapter=not case.req.is_adapter)
             assert answer(plugin, flipped, case.backends) == before, f"{plugin.name} reads is_adapter"
 
 

@@ -15,7 +15,11 @@ from lorapool.router.core.backend import Backend, DecisionKind, Request, classif
 from lorapool.router.core.filters import bounded_load
 from lorapool.router.core.plugin import PolicyParams
 from lorapool.router.core.registry import build
+from lorapool.router.core.scorers.least_load import PLUGIN as LEAST_LOAD
 from lorapool.router.core.scorers.lora_affinity import LEVELS
+from lorapool.router.core.scorers.lora_affinity import PLUGIN as LORA_AFFINITY
+from lorapool.router.core.scorers.prefix import BLOCK_CHARS, PREFIX_WEIGHT, block_hashes
+from lorapool.router.core.scorers.prefix import PLUGIN as PREFIX
 from lorapool.router.core.state import BackendState
 
 AFFINITY, LEAST_LOADED, ROUND_ROBIN = RouterPolicy.AFFINITY, RouterPolicy.LEAST_LOADED, RouterPolicy.ROUND_ROBIN
@@ -152,12 +156,105 @@ def test_params_reach_the_bounded_load_filter() -> None:
 
 def test_affinity_levels_outweigh_every_other_scorer_together() -> None:
     """The claim in lora_affinity's docstring, read from the registry: one level step times its
-    weight is larger than the sum of the other scorers' weights, so ties only break inside a level."""
+    weight is larger than the sum of the other scorers' weights, so ties only break inside a level
+    (in the default policy: the opt-in prefix scorer is off)."""
     profile = registry.POLICIES[AFFINITY].strict
-    affinity, *others = profile.scorers
+    affinity, *others = profile.counted(PolicyParams())
     assert affinity.name == "lora-affinity"
     step = min(high - low for high, low in itertools.pairwise(LEVELS))
     assert step * affinity.weight > sum(s.weight for s in others)
+
+
+def test_the_prefix_weight_sits_between_least_load_and_one_affinity_level() -> None:
+    """The claim in prefix's docstring: above least-load's whole range, under one level step."""
+    step = min(high - low for high, low in itertools.pairwise(LEVELS))
+    assert LEAST_LOAD.weight < PREFIX.weight == PREFIX_WEIGHT < step * LORA_AFFINITY.weight
+
+
+def test_without_the_prefix_weight_the_affinity_policy_is_unchanged() -> None:
+    """--prefix-weight 0 (the default) leaves the prefix scorer out of both chains."""
+    for params in (PolicyParams(), PolicyParams(prefix_weight=0.0)):
+        scheduling = build(AFFINITY, params)
+        assert [w for _, w in scheduling.strict.scorers] == [10.0, 1.0, 0.3, 0.5]
+        assert [w for _, w in scheduling.fallback.scorers] == [10.0, 1.0, 0.3, 0.5, 2.0]
+    on = build(AFFINITY, PolicyParams(prefix_weight=1.2))
+    assert [w for _, w in on.strict.scorers] == [10.0, 1.0, 0.3, 0.5, 1.2]
+    assert [w for _, w in on.fallback.scorers] == [10.0, 1.0, 0.3, 0.5, 1.2, 2.0]
+    assert "prefix" not in registry.POLICIES[AFFINITY].strict.describe()
+    assert "prefix x1.2" in registry.POLICIES[AFFINITY].strict.describe(PolicyParams(prefix_weight=1.2))
+
+
+# A conversation's eight leading blocks for adapter "a": held whole, or only its first two.
+HEAD = block_hashes("a", "".join(f"turn {i} ".ljust(BLOCK_CHARS, ".") for i in range(8)))
+A_HEAD = Request("a", prefix_blocks=HEAD)
+HELD, QUARTER = frozenset(HEAD), frozenset(HEAD[:2])
+
+
+@dataclass(frozen=True)
+class PrefixCase:
+    id: str
+    backends: list[Backend]
+    with_prefix: str | None  # chosen with --prefix-weight 1.5
+    without: str | None  # chosen by the default policy (the prefix off)
+
+
+PREFIX_CASES = [
+    PrefixCase(
+        "the replica holding the conversation beats a load difference within the cap",
+        [b("held", active={"a": 3}, load=3, recent_blocks=HELD), b("idle", active={"a": 1}, load=1)],
+        "held",
+        "idle",
+    ),
+    PrefixCase(
+        "equal prefix scores: least-load decides",
+        [b("busy", active={"a": 3}, load=3, recent_blocks=HELD), b("idle", active={"a": 1}, load=1, recent_blocks=HELD)],
+        "idle",
+        "idle",
+    ),
+    PrefixCase(
+        "equal partial prefix scores: least-load decides",
+        [b("busy", active={"a": 3}, load=3, recent_blocks=QUARTER), b("idle", active={"a": 1}, load=1, recent_blocks=QUARTER)],
+        "idle",
+        "idle",
+    ),
+    PrefixCase(
+        "a longer leading run wins over a shorter one",
+        [b("all", active={"a": 2}, load=2, recent_blocks=HELD), b("quarter", active={"a": 1}, load=1, recent_blocks=QUARTER)],
+        "all",
+        "quarter",
+    ),
+    PrefixCase(
+        "bounded load excludes an over-cap replica whatever its prefix",
+        [b("held", active={"a": 20}, load=20, recent_blocks=HELD), b("idle", active={"a": 1}, load=1)],
+        "idle",
+        "idle",
+    ),
+    PrefixCase(
+        "lora-affinity dominates: active beats cold with the whole prefix",
+        [b("active", active={"a": 1}, load=1), b("cold", load=0, recent_blocks=HELD)],
+        "active",
+        "active",
+    ),
+    PrefixCase(
+        "the prefix alone crosses no level: active beats warm with the whole prefix",
+        [b("active", active={"a": 1}, load=1), b("warm", active={"x": 1}, warm={"a"}, load=1, recent_blocks=HELD)],
+        "active",
+        "active",
+    ),
+    PrefixCase(
+        "a replica whose slots are full stays out whatever its prefix",
+        [b("full", active={"x": 1, "y": 1}, load=2, recent_blocks=HELD), b("cold", load=0)],
+        "cold",
+        "cold",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", PREFIX_CASES, ids=lambda c: c.id)
+def test_prefix_locality_among_the_adapters_replicas(case: PrefixCase) -> None:
+    on = build(AFFINITY, PolicyParams(prefix_weight=PREFIX_WEIGHT))
+    assert on.strict.choose(A_HEAD, case.backends) == case.with_prefix
+    assert build(AFFINITY).strict.choose(A_HEAD, case.backends) == case.without
 
 
 @pytest.mark.parametrize(

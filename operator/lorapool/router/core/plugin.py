@@ -29,6 +29,8 @@ class PolicyParams:
     load_slack: float = DEFAULT_LOAD_SLACK
     # A hold rule's name instead of the named policy's own (--hold-rule); "" keeps the policy's.
     hold_rule: str = ""
+    # The prefix scorer's weight in the affinity policy (--prefix-weight); 0 leaves it out.
+    prefix_weight: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -52,9 +54,16 @@ class ScorerPlugin:
     factory: Callable[[PolicyParams], Scorer]
     weight: float
     reads: tuple[str, ...]
+    # An opt-in scorer's weight from the router's flags (0: the policy leaves it out); None: the
+    # scorer always counts ``weight``, which for an opt-in scorer is the weight its flag gives alone.
+    weight_of: Callable[[PolicyParams], float] | None = None
+
+    def weight_in(self, params: PolicyParams) -> float:
+        """The weight the scorer counts in a policy built with ``params``."""
+        return self.weight if self.weight_of is None else self.weight_of(params)
 
     def build(self, params: PolicyParams) -> tuple[Scorer, float]:
-        return self.factory(params), self.weight
+        return self.factory(params), self.weight_in(params)
 
 
 @dataclass(frozen=True)

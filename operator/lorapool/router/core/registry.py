@@ -2,7 +2,8 @@
 
 Plugins (each declared by its own module, see ``plugin``):
   filters   healthy, serves-model, bounded-load, lora-slots, saturation
-  scorers   lora-affinity, least-load, kv-cache, rendezvous, slot-pressure (weight beside each)
+  scorers   lora-affinity, least-load, kv-cache, rendezvous, slot-pressure (weight beside each),
+            prefix (opt-in: counted only with --prefix-weight > 0)
   pickers   highest-score, round-robin
   holds     hold-always, hold-if-active (whether a request that fits nowhere waits or goes at once)
 
@@ -11,7 +12,7 @@ and ``--policy`` accept exactly the keys of ``POLICIES``):
   affinity      group requests by adapter on replicas where it is active, bounded load, never
                 more distinct adapters in flight than a replica's LoRA slots, nor more requests
                 than its --max-inflight (or --max-prefilling) when set (requests that fit nowhere wait in the router
-                and bind late)
+                and bind late); with --prefix-weight, prefix locality among the adapter's replicas
   least-loaded  fewest requests in flight, adapter-blind (baseline)
   round-robin   in turn, adapter-blind (baseline)
 
@@ -37,6 +38,7 @@ from lorapool.router.core.policy import Policy, Scheduling
 from lorapool.router.core.scorers.kv_cache import PLUGIN as KV_CACHE
 from lorapool.router.core.scorers.least_load import PLUGIN as LEAST_LOAD
 from lorapool.router.core.scorers.lora_affinity import PLUGIN as LORA_AFFINITY
+from lorapool.router.core.scorers.prefix import PLUGIN as PREFIX
 from lorapool.router.core.scorers.rendezvous import PLUGIN as RENDEZVOUS
 from lorapool.router.core.scorers.slot_pressure import PLUGIN as SLOT_PRESSURE
 
@@ -50,16 +52,23 @@ class Profile:
     picker: PickerPlugin
 
     def build(self, name: str, params: PolicyParams) -> Policy:
+        """The policy; a scorer whose weight is 0 with ``params`` (an opt-in one left off) is left out."""
         return Policy(
             name,
             tuple((f.name, f.build(params)) for f in self.filters),
-            tuple(s.build(params) for s in self.scorers),
+            tuple(s.build(params) for s in self.counted(params)),
             self.picker.build(params),
         )
 
-    def describe(self) -> str:
+    def counted(self, params: PolicyParams) -> tuple[ScorerPlugin, ...]:
+        """The scorers a policy built with ``params`` counts (weight > 0)."""
+        return tuple(s for s in self.scorers if s.weight_in(params) > 0)
+
+    def describe(self, params: PolicyParams | None = None) -> str:
         """One line, e.g. ``healthy > serves-model | least-load x1 | highest-score``."""
-        scorers = " + ".join(f"{s.name} x{s.weight:g}" for s in self.scorers) or "no scorer"
+        params = params or PolicyParams()
+        counted = self.counted(params)
+        scorers = " + ".join(f"{s.name} x{s.weight_in(params):g}" for s in counted) or "no scorer"
         return f"{' > '.join(f.name for f in self.filters)} | {scorers} | {self.picker.name}"
 
 
@@ -93,12 +102,13 @@ def _by_name(plugins: Iterable[Plugin]) -> dict[str, Plugin]:
 
 
 FILTERS: tuple[FilterPlugin, ...] = (HEALTHY, SERVES_MODEL, BOUNDED_LOAD, LORA_SLOTS, SATURATION)
-SCORERS: tuple[ScorerPlugin, ...] = (LORA_AFFINITY, LEAST_LOAD, KV_CACHE, RENDEZVOUS, SLOT_PRESSURE)
+SCORERS: tuple[ScorerPlugin, ...] = (LORA_AFFINITY, LEAST_LOAD, KV_CACHE, RENDEZVOUS, SLOT_PRESSURE, PREFIX)
 PICKERS: tuple[PickerPlugin, ...] = (HIGHEST_SCORE, ROUND_ROBIN)
 HOLDS: tuple[HoldPlugin, ...] = (ALWAYS, IF_ACTIVE)
 PLUGINS: Mapping[str, Plugin] = _by_name((*FILTERS, *SCORERS, *PICKERS, *HOLDS))
 
-_AFFINITY_SCORERS = (LORA_AFFINITY, LEAST_LOAD, RENDEZVOUS, KV_CACHE)
+# Prefix last and opt-in (--prefix-weight, 0 by default): off, the policy is exactly the one without it.
+_AFFINITY_SCORERS = (LORA_AFFINITY, LEAST_LOAD, RENDEZVOUS, KV_CACHE, PREFIX)
 
 POLICIES: Mapping[RouterPolicy, NamedPolicy] = {
     p.name: p

@@ -167,7 +167,8 @@ class Picker:
                 429, verdict.message, verdict.error_type, retry_after_s=verdict.retry_after_s, extra=verdict.headers
             )
         ex.allow = verdict
-        req = self.scheduler.request_for(model, ex.prompt_tokens, body.max_tokens if body is not None else None)
+        max_tokens, prompt = (body.max_tokens, body.prompt) if body is not None else (None, "")
+        req = self.scheduler.request_for(model, ex.prompt_tokens, max_tokens, prompt=prompt)
         known_adapter = req.is_adapter and self.scheduler.known(model)
         self.requests.count(model, is_adapter=req.is_adapter, known=known_adapter, now_s=ex.start, wall_s=time.time())
         ex.known = self.scheduler.known(model)

@@ -14,7 +14,8 @@ Weight 10: levels are 0.2 apart, and x10 that gap (2.0) outweighs every other sc
 affinity policy together (least-load 1 + kv-cache 0.5 + rendezvous 0.3 = 1.8), so affinity
 decides and the rest only break ties within a level: load first, then KV pressure, then the
 hash that sends a cold adapter home. Spreading a hot adapter is the bounded-load filter's job,
-not a score trade-off.
+not a score trade-off. The opt-in prefix scorer (``--prefix-weight``, 1.5) stays under one gap on
+its own; ``prefix`` says when it and the tie-breakers together may move a request one level.
 """
 
 from __future__ import annotations
