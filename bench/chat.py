@@ -19,6 +19,7 @@ from __future__ import annotations
 import random
 
 from bench.loadgen import Planned, Workload, adapter_picker, noisy_schedule
+from lorapool.sim.text import block_hashes, count_text_tokens, text_cache_text
 
 
 def _words(rng: random.Random, n: int) -> str:
@@ -60,3 +61,21 @@ def chat_schedule(w: Workload) -> list[Planned]:
 def arrivals(w: Workload) -> list[Planned]:
     """A run's requests: chat sessions when the workload has turns, else ``noisy_schedule``'s."""
     return chat_schedule(w) if w.turns else noisy_schedule(w)
+
+
+def cacheable_fraction(plan: list[Planned], block_size: int) -> float:
+    """The prompt tokens a prefix cache could serve at best: each adapter on one replica with an
+    unbounded cache, so a request hits every full block an earlier request of its adapter computed
+    (as the simulator counts hits: whole blocks, at most ``tokens - 1``). No router reaches more;
+    the rest (each turn's new words) is always prefilled."""
+    seen: dict[str, set[int]] = {}
+    queried = hit = 0
+    for p in plan:
+        hashes = block_hashes(text_cache_text(p.prompt), block_size, p.model)
+        tokens = count_text_tokens(p.prompt)
+        cached = seen.setdefault(p.model, set())
+        run = next((i for i, h in enumerate(hashes) if h not in cached), len(hashes))
+        queried += tokens
+        hit += min(run, (tokens - 1) // block_size) * block_size
+        cached.update(hashes)
+    return hit / queried if queried else 0.0

@@ -44,15 +44,17 @@ ADAPTERS = "/tmp/lorapool-bench-adapters"  # PEFT dirs, written once and reused 
 
 
 def scrape_sims(urls: list[str]) -> dict[str, float]:
-    """Sum the simulators' LoRA load counters (by source) and stall seconds."""
+    """Sum the simulators' LoRA load counters (by source), stall seconds and prefix-cache tokens."""
     from lorapool.testing.scrape import metric_value, samples, scrape
 
-    totals: dict[str, float] = {"cpu": 0.0, "disk": 0.0, "stall_s": 0.0}
+    totals: dict[str, float] = {"cpu": 0.0, "disk": 0.0, "stall_s": 0.0, "prefix_queries": 0.0, "prefix_hits": 0.0}
     for url in urls:
         page = scrape(url, timeout_s=10)
         for labels, value in samples(page).get("sim:lora_loads_total", []):
             totals[labels.get("from", "")] = totals.get(labels.get("from", ""), 0.0) + value
         totals["stall_s"] += metric_value(page, "sim:lora_load_stall_seconds_total")
+        totals["prefix_queries"] += metric_value(page, "vllm:prefix_cache_queries_total")
+        totals["prefix_hits"] += metric_value(page, "vllm:prefix_cache_hits_total")
     return totals
 
 
@@ -105,13 +107,17 @@ def run_one(scenario: Scenario, system: System, adapter_root: Path) -> dict[str,
     window = scenario.workload.duration_s - scenario.warmup_s
     summary = summarize(result, window_s=window, slo_ttft_s=scenario.slo_ttft_s)
     n = max(1, summary["requests"])
-    loads = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in ("cpu", "disk", "stall_s")}
+    loads = {
+        k: after.get(k, 0.0) - before.get(k, 0.0) for k in ("cpu", "disk", "stall_s", "prefix_queries", "prefix_hits")
+    }
     summary.update(
         scenario=scenario.name,
         system=system.name,
         stalls_per_1k=1000.0 * (loads["cpu"] + loads["disk"]) / n,
         disk_loads_per_1k=1000.0 * loads["disk"] / n,
         stall_s_per_1k=1000.0 * loads["stall_s"] / n,
+        # the engines' prefix-cache hits over the prompt tokens they looked up (vLLM's counters)
+        prefix_hit_rate=loads["prefix_hits"] / loads["prefix_queries"] if loads["prefix_queries"] > 0 else 0.0,
         wall_s=time.monotonic() - started,
     )
     if scenario.regime == "f":  # the noisy neighbour is judged adapter by adapter

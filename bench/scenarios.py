@@ -12,6 +12,7 @@ from bench.loadgen import Workload, adapter_name
 from bench.systems import FleetSpec, System
 from lorapool.api.common import RouterPolicy
 from lorapool.router.core import registry
+from lorapool.router.core.scorers.prefix import PREFIX_WEIGHT
 
 TIME_SCALE = 4.0  # wall seconds per simulated second (see RESULTS.md, "How to read")
 REPLICAS = 4
@@ -86,6 +87,15 @@ LORAPOOL_ROUND_ROBIN = lorapool_system(RouterPolicy.ROUND_ROBIN).name
 LORAPOOL_FAIR = "lorapool fair"
 FAIR_MAX_PREFILLING = 4
 CONSISTENT_HASH = "vllm-router consistent_hash"
+CACHE_AWARE = "vllm-router cache_aware"
+# Issue 28: affinity with the prefix scorer at the weight its flag gives alone (router/core/scorers/prefix.py).
+LORAPOOL_PREFIX = "lorapool affinity + prefix"
+
+# Regime (g), chat (bench/chat.py): sessions of 6 turns 2 s apart, each resending its history after
+# its adapter's ~900-token system prompt (600 words of ~6 characters), a Zipf mix over 32 adapters
+# on 4 replicas, so the hot adapters overflow bounded load onto several replicas, where the prefix
+# cache decides what a turn costs.
+G_WORK = dict(turns=6, think_s=2.0, system_prompt_words=600, prompt_tokens=(20, 60), output_tokens=(16, 64))
 
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
@@ -149,6 +159,14 @@ SCENARIOS: tuple[Scenario, ...] = (
             ("f-flood", F_FLOOD, f"as f-quiet, and {F_FLOOD} floods: 10x its share in 1-s bursts every 4 s"),
         )
     ),
+    Scenario(
+        "g-chat",
+        "g",
+        "32 adapters, Zipf 1.0, chat: 6-turn sessions 2 s apart after a ~900-token system prompt, 24 req/s",
+        _fleet(32, 32),
+        _work(32, 24.0, popularity="zipf", duration_s=30.0, seed=13, **G_WORK),
+        systems=(LORAPOOL_PREFIX, LORAPOOL_AFFINITY, CACHE_AWARE, LORAPOOL_ROUND_ROBIN),
+    ),
 )
 
 
@@ -168,7 +186,9 @@ ENVOY_PICKER = "envoy + lorapool picker"
 # that picks without a policy (bench/noop_ext_proc.py).
 ENVOY_ALONE = "envoy round-robin"
 ENVOY_NOOP = "envoy + no-op ext_proc"
-NOT_BASELINES = (LORAPOOL_AFFINITY, ORACLE, AFFINITY_HOLD_IF_ACTIVE, LORAPOOL_PLACEMENT, ENVOY_PICKER, LORAPOOL_FAIR)
+NOT_BASELINES = (
+    LORAPOOL_AFFINITY, ORACLE, AFFINITY_HOLD_IF_ACTIVE, LORAPOOL_PLACEMENT, ENVOY_PICKER, LORAPOOL_FAIR, LORAPOOL_PREFIX,
+)  # fmt: skip
 
 SYSTEMS: tuple[System, ...] = (
     *(lorapool_system(policy) for policy in registry.POLICIES),  # every --policy the router has
@@ -181,9 +201,10 @@ SYSTEMS: tuple[System, ...] = (
         str(RouterPolicy.AFFINITY),
         ("--fair-dispatch", "--max-prefilling", str(FAIR_MAX_PREFILLING)),
     ),
+    System(LORAPOOL_PREFIX, "lorapool", str(RouterPolicy.AFFINITY), ("--prefix-weight", f"{PREFIX_WEIGHT:g}")),
     System("nginx round-robin", "nginx"),
     System("vllm-router round_robin", "vllm-router", "round_robin"),
     System("vllm-router power_of_two", "vllm-router", "power_of_two"),
-    System("vllm-router cache_aware", "vllm-router", "cache_aware"),
+    System(CACHE_AWARE, "vllm-router", "cache_aware"),
     System(CONSISTENT_HASH, "vllm-router", "consistent_hash"),
 )

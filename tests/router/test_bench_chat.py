@@ -7,8 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from bench.chat import arrivals, chat_schedule, system_prompt
-from bench.loadgen import Workload, noisy_schedule
+from bench.chat import arrivals, cacheable_fraction, chat_schedule, system_prompt
+from bench.loadgen import Planned, Workload, noisy_schedule
+from lorapool.sim.text import count_text_tokens
 
 CHAT = Workload(
     rate_rps=20.0, duration_s=60.0, adapters=8, popularity="zipf", prompt_tokens=(5, 20), output_tokens=(4, 12),
@@ -54,3 +55,21 @@ def test_without_turns_arrivals_are_single_requests() -> None:
     assert arrivals(single) == noisy_schedule(single)
     with pytest.raises(ValueError, match="turns >= 1"):
         chat_schedule(single)
+
+
+def test_the_cacheable_bound_counts_whole_blocks_an_earlier_request_of_the_same_adapter_computed() -> None:
+    prompt = " ".join(f"w{i}" for i in range(200))
+    tokens = count_text_tokens(prompt)
+    repeat = [Planned(0.0, "a", prompt, 1), Planned(1.0, "a", prompt, 1)]
+    # the second request hits its full blocks but the last token, which is always computed
+    assert cacheable_fraction(repeat, 16) == pytest.approx((tokens - 1) // 16 * 16 / (2 * tokens))
+    other_adapter = [Planned(0.0, "a", prompt, 1), Planned(1.0, "b", prompt, 1)]
+    assert cacheable_fraction(other_adapter, 16) == 0.0  # salted by the adapter, as vLLM's hash is
+    assert cacheable_fraction([], 16) == 0.0
+
+
+def test_the_history_and_the_system_prompt_are_what_is_cacheable() -> None:
+    no_system = replace(CHAT, system_prompt_words=0)
+    histories = [cacheable_fraction(chat_schedule(replace(no_system, turns=n)), 16) for n in (1, 2, 4, 8)]
+    assert histories[0] == 0.0 and histories == sorted(histories) and histories[-1] > 0.5
+    assert cacheable_fraction(chat_schedule(replace(CHAT, turns=1)), 16) > 0.5  # the shared system prompt
