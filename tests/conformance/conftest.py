@@ -32,6 +32,9 @@ MAX_LORAS = 1
 MAX_LORA_RANK = 16
 MAX_CPU_LORAS = 2
 MAX_MODEL_LEN = 512
+# Both engines' KV block size (vLLM's CPU build defaults to 128, the simulator to the GPU's 16): the
+# prefix-cache row counts hits in whole blocks, so the two must agree.
+BLOCK_SIZE = 32
 BASE = "tiny-llama"
 
 # name -> (rank, seed, kind); "missing" is a path that does not exist.
@@ -95,6 +98,7 @@ def serve_config(model: str, paths: dict[str, str]) -> ServeConfig:
         max_lora_rank=MAX_LORA_RANK,
         max_cpu_loras=MAX_CPU_LORAS,
         max_model_len=MAX_MODEL_LEN,
+        block_size=BLOCK_SIZE,
         lora_modules=(("static", paths["static"]),),
         vllm_version=CPU_TIER,  # the simulator runs as the release the real engine is
     )

@@ -11,6 +11,7 @@ generated text (the tiny model talks nonsense, the simulator talks other nonsens
 from __future__ import annotations
 
 import json
+import random
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -21,9 +22,9 @@ import pytest
 
 from lorapool.api.vllm_versions import CPU_TIER
 from lorapool.sim.metrics import LATENCY_BUCKETS, TTFT_BUCKETS
-from lorapool.testing.scrape import latest_labels, samples
+from lorapool.testing.scrape import latest_labels, metric_value, samples
 from lorapool.testing.wait import wait_until
-from tests.conformance.conftest import BASE, MAX_LORA_RANK, MAX_LORAS, MAX_MODEL_LEN, Engine, Response
+from tests.conformance.conftest import BASE, BLOCK_SIZE, MAX_LORA_RANK, MAX_LORAS, MAX_MODEL_LEN, Engine, Response
 
 SIM_README = Path(__file__).resolve().parents[2] / "operator" / "lorapool" / "sim" / "README.md"
 LOAD, UNLOAD = "/v1/load_lora_adapter", "/v1/unload_lora_adapter"
@@ -541,6 +542,55 @@ def test_more_adapters_in_flight_than_slots_wait_and_none_fails(engine: Engine) 
         assert running == waiting and len(running) <= MAX_LORAS, labels
         seen |= running
     assert set(names) <= seen
+
+
+# -- the prefix cache ---------------------------------------------------------------------------------
+
+
+def _ids(seed: int, n: int = 200) -> list[int]:
+    """A token-id prompt no other row sends (byte tokens of the tiny model's 320)."""
+    rng = random.Random(seed)
+    return [rng.randrange(3, 256) for _ in range(n)]
+
+
+def _prefix_counters(engine: Engine) -> tuple[float, float]:
+    page = engine.request("GET", "/metrics").text
+    return metric_value(page, "vllm:prefix_cache_queries_total"), metric_value(page, "vllm:prefix_cache_hits_total")
+
+
+def _hit_tokens(engine: Engine, model: str, ids: list[int]) -> int:
+    """The prefix-cache hit of one request, in tokens, from the engine's own counters."""
+    queries, hits = _prefix_counters(engine)
+    answer = engine.post(COMPLETIONS, {"model": model, "prompt": ids, "max_tokens": 1})
+    assert answer.status == 200, answer.text
+
+    def counted() -> tuple[float, float] | None:
+        now = _prefix_counters(engine)
+        return now if now[0] >= queries + len(ids) else None
+
+    # vLLM records a step's stats after it hands the request its tokens: wait until they are counted
+    after = wait_until("the prefix-cache counters to count the request", counted, timeout_s=30)
+    assert after[0] == queries + len(ids), "every prompt token is looked up once"
+    return int(after[1] - hits)
+
+
+def test_a_repeated_prefix_hits_the_cache_per_adapter_and_a_hot_swap_misses(engine: Engine) -> None:
+    """vLLM caches full blocks by a hash chained over the prompt and salted by the adapter's name
+    and path; a hit stops short of the last token, which is always computed."""
+    for name, path in (("prefix-a", "good-a"), ("prefix-b", "good-b")):
+        assert engine.post(LOAD, load(name, engine.paths[path])).status == 200
+    prompt, fresh = _ids(1), _ids(2)
+    whole = (len(prompt) - 1) // BLOCK_SIZE * BLOCK_SIZE
+    assert _hit_tokens(engine, BASE, prompt) == 0  # never sent
+    assert _hit_tokens(engine, "prefix-a", prompt) == 0  # the base model's blocks are not the adapter's
+    assert _hit_tokens(engine, "prefix-a", prompt) == whole
+    assert _hit_tokens(engine, "prefix-b", prompt) == 0  # nor another adapter's
+    head = 3 * BLOCK_SIZE
+    assert _hit_tokens(engine, "prefix-a", prompt[:head] + fresh[head:]) == head  # a shared head hits only it
+    assert _hit_tokens(engine, BASE, prompt) == whole
+    swapped = load("prefix-a", engine.paths["good-c"], inplace=True)  # the same name from another path
+    assert engine.post(LOAD, swapped).status == 200
+    assert _hit_tokens(engine, "prefix-a", prompt) == 0
 
 
 # -- the tolerance table ------------------------------------------------------------------------------

@@ -66,6 +66,9 @@ class ServeConfig:
     max_cpu_loras: int | None = None
     max_model_len: int = 512
     max_num_seqs: int | None = None
+    # KV cache block size in tokens; None: each engine's default (the simulator's is the GPU's 16,
+    # vLLM's CPU build's 128), so a test of the prefix cache sets it for both
+    block_size: int | None = None
     lora_modules: tuple[tuple[str, str], ...] = ()  # (name, path) loaded at start
     seed: int = 0
     runtime_lora_updating: bool = True  # VLLM_ALLOW_RUNTIME_LORA_UPDATING
@@ -96,6 +99,8 @@ def common_flags(cfg: ServeConfig) -> list[str]:
             flags += ["--max-cpu-loras", str(cfg.max_cpu_loras)]
     if cfg.max_num_seqs is not None:
         flags += ["--max-num-seqs", str(cfg.max_num_seqs)]
+    if cfg.block_size is not None:
+        flags += ["--block-size", str(cfg.block_size)]
     if cfg.lora_modules:
         flags += ["--lora-modules", *(f"{name}={path}" for name, path in cfg.lora_modules)]
     return flags
