@@ -199,3 +199,17 @@ def test_dispatch_renders_router_flags_its_own_parser_accepts(example_doc: dict[
     settings = settings_from(parser.parse_args(_router_args(doc)[1:]))
     assert (settings.fair_dispatch, settings.max_prefilling, settings.max_inflight) == (False, 0, 16)
     assert settings.max_queue_wait_s == 30.0
+
+
+def test_prefix_weight_renders_the_router_flag_its_own_parser_accepts(example_doc: dict[str, Any]) -> None:
+    import argparse
+
+    from lorapool.router.cli import configure, settings_from
+
+    doc = copy.deepcopy(example_doc)
+    assert "--prefix-weight" not in _router_args(doc)  # off by default: the policy is exactly affinity
+    doc["spec"].setdefault("router", {})["prefixWeight"] = 1.5
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    settings = settings_from(parser.parse_args(_router_args(doc)[1:]))
+    assert settings.prefix_weight == 1.5 and settings.policy_params().prefix_weight == 1.5

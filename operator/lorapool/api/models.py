@@ -488,8 +488,19 @@ class DispatchSpec(Wire):
     )
 
 
+_ROUTER_CEL = cel(
+    (
+        "!has(self.prefixWeight) || self.prefixWeight == 0.0 || !has(self.policy) || self.policy == 'affinity'",
+        "prefixWeight applies to policy affinity only (the baselines stay prompt-blind): policy must be "
+        "affinity, or prefixWeight 0",
+    ),
+)
+
+
 class RouterSpec(Wire):
     """The pool's adapter-aware router: its one OpenAI endpoint, and the endpoint picker of a gateway."""
+
+    model_config = ConfigDict(json_schema_extra=_ROUTER_CEL)
 
     replicas: int = Field(default=1, ge=0, le=100, description="Router replicas.")
     policy: RouterPolicy = Field(default=RouterPolicy.AFFINITY, description="Scheduling policy.")
@@ -508,6 +519,24 @@ class RouterSpec(Wire):
         description="How requests wait when the engines are saturated: fair dispatch and the per-replica caps "
         "(both doors).",
     )
+    prefix_weight: float = Field(
+        default=0.0,
+        ge=0,
+        le=100,
+        description="Weight of the prefix scorer (policy affinity, both doors): among the replicas adapter "
+        "affinity ranks alike, prefer the one recently sent the prompt's head for the same adapter, whose KV "
+        "prefix cache holds it. 1.5 keeps it under adapter grouping (above 2 it can split an adapter's "
+        "requests for a prefix). 0: off, the default; bench/NOTES.md regime (g) says what it measured.",
+    )
+
+    @model_validator(mode="after")
+    def _prefix_needs_affinity(self) -> RouterSpec:
+        if self.prefix_weight > 0 and self.policy != RouterPolicy.AFFINITY:
+            raise ValueError(
+                f"prefixWeight={self.prefix_weight:g} applies to policy affinity, not {self.policy.value} (the "
+                "baselines stay prompt-blind): set policy affinity or prefixWeight 0"
+            )
+        return self
 
     @property
     def http(self) -> bool:

@@ -663,6 +663,8 @@ def _router_args(pool: LoRAPool, plan: Plan) -> list[str]:
         f"{names.TRAFFIC_MOUNT}/{TRAFFIC_CONFIGMAP_KEY}",
         # Fair dispatch and the saturation caps, when the pool asks for them.
         *_dispatch_args(pool.spec.router.dispatch),
+        # Prefix locality among an adapter's holders, when the pool asks for it.
+        *(["--prefix-weight", f"{pool.spec.router.prefix_weight:g}"] if pool.spec.router.prefix_weight > 0 else []),
     ]
 
 
