@@ -6,6 +6,7 @@
     python bench/run.py --report-only                  # rewrite RESULTS.md from results.json
     python bench/run.py --real-engine                  # the vLLM CPU cell (bench/real_engine.py), ~8 min
     python bench/run.py --real-engine-fair             # fair dispatch on vLLM CPU (bench/real_engine_fair.py), ~10 min
+    python bench/run.py --regime-b-seeds               # regime (b), 3 seeds x fair, affinity, oracle (bench/seeds.py), ~9 min
     python bench/run.py --large-catalog                # regime (e) (bench/large_catalog.py): 5 systems, ~19 min
     python bench/run.py --chaos                        # the chaos cell (bench/chaos.py): a replica killed, ~6 min
 
@@ -171,6 +172,11 @@ def main(argv: list[str] | None = None) -> int:
         help="measure only the vLLM CPU fair-dispatch cell (real_engine_fair.json)",
     )
     parser.add_argument(
+        "--regime-b-seeds",
+        action="store_true",
+        help="measure only regime (b) over several seeds, fair vs affinity vs the oracle (bench/seeds.py)",
+    )
+    parser.add_argument(
         "--large-catalog", action="store_true", help="measure only regime (e), k-of-N placement (into results.json)"
     )
     parser.add_argument("--sizing", action="store_true", help="measure only the max-loras sizing cell (sizing.json)")
@@ -198,6 +204,11 @@ def main(argv: list[str] | None = None) -> int:
 
         real_engine.run(out, adapter_root / "real-engine", stamp)
         write_report(results.load(out, stamp), out, report)
+        return 0
+    if args.regime_b_seeds:
+        from bench import seeds
+
+        write_report(seeds.run(out, adapter_root, stamp, list(SYSTEMS), run_one), out, report)
         return 0
     if args.real_engine_fair:
         from bench import real_engine_fair

@@ -17,7 +17,7 @@ sys.path.insert(0, str(REPO))  # the repo root holds bench/
 
 from bench import fairness_report as fair  # noqa: E402
 from bench.loadgen import Outcome, flood_schedule, noisy_schedule, per_adapter  # noqa: E402
-from bench.scenarios import F_CRITICAL, F_FLOOD, LORAPOOL_AFFINITY, LORAPOOL_FAIR, SCENARIOS  # noqa: E402
+from bench.scenarios import F_CRITICAL, F_FLOOD, LORAPOOL_AFFINITY, LORAPOOL_FAIR, ORACLE, SCENARIOS  # noqa: E402
 from bench.targets import TARGETS  # noqa: E402
 
 QUIET, FLOOD = (next(s for s in SCENARIOS if s.name == n) for n in ("f-quiet", "f-flood"))
@@ -91,3 +91,31 @@ def test_the_regime_f_targets_read_their_cells() -> None:
     assert fair.flood_share(data)[0][1] == pytest.approx(1.0)
     assert fair.oracle_gap(data) == []  # regime (b) not measured with fair dispatch here
     assert f_targets[4].verdict(data)[1] == "not measured"
+
+
+def _b(system: str, goodput: float, **extra: Any) -> dict[str, Any]:
+    return {"scenario": "b-zipf-poisson", "system": system, "goodput_rps": goodput, **extra}
+
+
+def test_regime_b_s_gap_is_the_median_over_seeds_when_the_seeds_cell_has_two_or_more() -> None:
+    single = {
+        "scenarios": [{"name": "b-zipf-poisson", "regime": "b"}],
+        "runs": [_b(LORAPOOL_FAIR, 17.0), _b(LORAPOOL_AFFINITY, 19.0), _b(ORACLE, 25.0)],
+    }
+    [(label, ratio)] = fair.oracle_gap(single)
+    assert label == "b-zipf-poisson: 0.68 vs 0.76" and ratio == pytest.approx(17 / 19)
+    per_seed = [(7, 18.0, 20.0, 25.0), (107, 20.0, 20.0, 24.0), (207, 21.0, 19.0, 26.0)]
+    cells = [
+        {"seed": seed, **_b(system, goodput)}
+        for seed, *goodputs in per_seed
+        for system, goodput in zip((LORAPOOL_FAIR, LORAPOOL_AFFINITY, ORACLE), goodputs, strict=True)
+    ]
+    cells.append({"seed": 307, "system": LORAPOOL_FAIR, "error": "RuntimeError('x')"})  # a failed seed: left out
+    seeded = {**single, "seeds": {"scenario": "b-zipf-poisson", "date": "2026-12-07 08:30 UTC", "cells": cells}}
+    [(label, ratio)] = fair.oracle_gap(seeded)
+    assert ratio == pytest.approx(1.0)  # the median of 0.90, 1.00 and 1.11, not the single run's 0.89
+    assert label.startswith("b-zipf-poisson, median of 3 seeds (seed 7 0.72 vs 0.80,") and "08:30" in label
+    other = {**single, "seeds": {"scenario": "b-zipf-gamma", "cells": cells}}
+    assert fair.oracle_gap(other) == fair.oracle_gap(single)  # another scenario's seeds do not count
+    one = {**single, "seeds": {"scenario": "b-zipf-poisson", "cells": cells[:3]}}
+    assert fair.oracle_gap(one) == fair.oracle_gap(single)  # one seed is no median
