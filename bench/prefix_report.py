@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 from bench.chat import cacheable_fraction, chat_schedule
+from bench.results import across, runs_by_scenario
 from bench.scenarios import LORAPOOL_AFFINITY, LORAPOOL_PREFIX, SCENARIOS
 from lorapool.sim.engine import EngineConfig
 
@@ -20,19 +21,15 @@ SIM_BLOCK_SIZE = EngineConfig.block_size  # the bench's replicas run the simulat
 def _pairs(data: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
     """(scenario, prefix run, affinity run) for every regime (g) scenario measured with both."""
     regimes = {s["name"]: s["regime"] for s in data.get("scenarios", [])}
-    runs: dict[str, dict[str, dict[str, Any]]] = {}
-    for r in data.get("runs", []):
-        if "error" not in r and regimes.get(r["scenario"]) == "g":
-            runs.setdefault(r["scenario"], {})[r["system"]] = r
     return [
         (name, by[LORAPOOL_PREFIX], by[LORAPOOL_AFFINITY])
-        for name, by in sorted(runs.items())
-        if LORAPOOL_PREFIX in by and LORAPOOL_AFFINITY in by
+        for name, by in sorted(runs_by_scenario(data).items())
+        if regimes.get(name) == "g" and LORAPOOL_PREFIX in by and LORAPOOL_AFFINITY in by
     ]
 
 
 def _label(name: str, a: dict[str, Any], b: dict[str, Any]) -> str:
-    return name if a.get("date") == b.get("date") else f"{name} [runs of {a.get('date')} and {b.get('date')}]"
+    return name + across(a, b)
 
 
 def _ratio(num: float, den: float) -> float:

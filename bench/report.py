@@ -16,9 +16,10 @@ from typing import Any
 from bench import chaos, large_catalog_report, real_engine, real_engine_fair
 from bench import sizing as sizing_cell
 from bench.formatting import fmt as _f
+from bench.results import across, runs_by_scenario
 from bench.scenarios import LORAPOOL_AFFINITY as AFFINITY
 from bench.scenarios import LORAPOOL_ROUND_ROBIN, NOT_BASELINES, ORACLE
-from bench.targets import CAPACITY_ADDED_P99_MS, TARGETS, across, capacity, runs_by_scenario
+from bench.targets import CAPACITY_ADDED_P99_MS, TARGETS, capacity
 
 METHOD = Path(__file__).with_name("METHOD.md")
 PLOTS = ("goodput.png", "ttft_p99.png", "overhead.png")

@@ -3,7 +3,8 @@
 Every mode of ``bench/run.py`` folds what it measured into OUT/results.json and rewrites RESULTS.md
 from it, so a mode run into a fresh ``--out`` directory must start from an empty file rather than
 fail after its cells ran (the run would be lost). ``empty`` and ``merge`` are pure; ``load`` and
-``save`` are the file's only readers and writers.
+``save`` are the file's only readers and writers; ``runs_by_scenario`` and ``across`` are how every
+report reads its cells.
 """
 
 from __future__ import annotations
@@ -53,3 +54,22 @@ def merge(data: dict[str, Any], fresh: dict[str, Any], stamp: dict[str, str]) ->
     known = {s["name"] for s in data["scenarios"]}
     data["scenarios"] += [s for s in fresh["scenarios"] if s["name"] not in known]
     return data
+
+
+def runs_by_scenario(data: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
+    """scenario -> system -> run, errors left out."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for run in data.get("runs", []):
+        if "error" not in run:  # a cell without a date is from the run that wrote results.json
+            out.setdefault(run["scenario"], {})[run["system"]] = {"date": data.get("date"), **run}
+    return out
+
+
+def across(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """A label suffix when two cells come from different runs (their dates), else ""."""
+    da, db = str(a.get("date")), str(b.get("date"))
+    if da == db:
+        return ""
+    if da[:10] == db[:10]:  # same day: the times say it
+        da, db = da[11:], db[11:]
+    return f" [runs of {da} and {db}]"

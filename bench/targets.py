@@ -16,6 +16,7 @@ from typing import Any, Literal
 from bench import fairness_report as fair
 from bench import large_catalog_report
 from bench import prefix_report as prefix
+from bench.results import across, runs_by_scenario
 from bench.scenarios import ENVOY_ALONE, ENVOY_NOOP, ENVOY_PICKER, LORAPOOL_ROUND_ROBIN, NOT_BASELINES, ORACLE
 from bench.scenarios import LORAPOOL_AFFINITY as AFFINITY
 
@@ -56,25 +57,6 @@ class Target:
         if not cells:
             return cells, "not measured"
         return cells, "met" if all(self.passes(c) for c in cells) else "missed"
-
-
-def runs_by_scenario(data: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
-    """scenario -> system -> run, errors left out."""
-    out: dict[str, dict[str, dict[str, Any]]] = {}
-    for run in data.get("runs", []):
-        if "error" not in run:  # a cell without a date is from the run that wrote results.json
-            out.setdefault(run["scenario"], {})[run["system"]] = {"date": data.get("date"), **run}
-    return out
-
-
-def across(a: dict[str, Any], b: dict[str, Any]) -> str:
-    """A label suffix when two cells come from different runs (their dates), else ""."""
-    da, db = str(a.get("date")), str(b.get("date"))
-    if da == db:
-        return ""
-    if da[:10] == db[:10]:  # same day: the times say it
-        da, db = da[11:], db[11:]
-    return f" [runs of {da} and {db}]"
 
 
 def _ratio(a: float, b: float) -> float:
