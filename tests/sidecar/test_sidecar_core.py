@@ -231,8 +231,8 @@ def test_a_permanent_failure_waits_until_the_desired_entry_changes() -> None:
 
 def test_the_sidecar_reads_the_transient_flag_and_engine_status() -> None:
     from lorapool.errors import AdapterError, SourceError
-    from lorapool.sidecar.agent import _Refused, _transient
     from lorapool.sidecar.engine import EngineError
+    from lorapool.sidecar.executor import _Refused, _transient
     from lorapool.sources import ChecksumMismatch
 
     cases = {

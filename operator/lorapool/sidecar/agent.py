@@ -1,16 +1,17 @@
 """The adapter-sync sidecar's shell: watches the config and the engine, runs the actions
 ``core.diff`` decides, and serves /status, /healthz and /metrics (``http``).
 
-It does the I/O (calls the engine, downloads, reads the files, writes the Pod, sleeps) and
-carries out what the pure modules decide: ``core`` (actions, the pool's checks, /status),
-``config`` (what a re-read of the config applies or refuses), ``retry`` (what a failure leaves
-behind and when it is retried), ``drain`` (adapters placement moved away), ``health`` (engine
-health and restarts) and ``podreport`` (the report on the Pod and its readiness condition).
+``cli`` builds an ``Agent`` and runs it until SIGTERM. It does the I/O (calls the engine,
+reads the files, writes the Pod, sleeps) and carries out what the pure modules decide: ``core``
+(actions, /status), ``config`` (what a re-read of the config applies or refuses), ``drain``
+(adapters placement moved away), ``health`` (engine health and restarts) and ``podreport`` (the
+report on the Pod and its readiness condition). Each load or unload runs in its own asyncio
+task through ``executor`` (download, the pool's checks, the engine call, and ``retry``'s
+reading of a failure), so one slow or failing adapter never blocks the others.
 
-One asyncio task per adapter action, so one slow or failing adapter never blocks the
-others; downloads share a semaphore. Every outside call (engine, sources) has a timeout.
-Never crashes on bad input: a bad config keeps the last good set, a bad adapter is Failed
-with a message that says what to fix, and it is retried with backoff.
+Every outside call (engine, sources) has a timeout. Never crashes on bad input: a bad config
+keeps the last good set, a bad adapter is Failed with a message that says what to fix, and it
+is retried with backoff.
 """
 
 from __future__ import annotations
@@ -29,37 +30,34 @@ from typing import Any
 
 import aiohttp
 
-from lorapool.api.adapterset import AdapterSet, DesiredAdapter
+from lorapool.api.adapterset import AdapterSet
 from lorapool.api.peft import parse_adapter_config
 from lorapool.api.report import ReplicaPhase as Phase
-from lorapool.errors import AdapterError, SourceError, UnsafePathError
+from lorapool.errors import AdapterError, UnsafePathError
 from lorapool.podstatus import PodRef, api_server
 from lorapool.render.names import ENGINE_API_KEY_ENV
 from lorapool.sidecar.config import ConfigFile, parse_config, parse_slot
 from lorapool.sidecar.core import (
-    UNLOAD,
     AdapterState,
     ConfigView,
     EngineView,
     Load,
     Unload,
-    check_adapter,
     diff,
-    identity_of,
-    loaded_state,
     next_wake_s,
     status_document,
     summarize,
 )
 from lorapool.sidecar.drain import drain_after_config, still_draining
 from lorapool.sidecar.engine import EngineClient, EngineError
+from lorapool.sidecar.executor import Executor
 from lorapool.sidecar.health import EngineHealth, HealthEvent, detect_restart, observe_health, stalled
 from lorapool.sidecar.http import start_http
 from lorapool.sidecar.metrics import SidecarMetrics
 from lorapool.sidecar.podreport import Readiness, next_readiness, pod_patch, replica_report
 from lorapool.sidecar.reporter import Observer, Reporter
-from lorapool.sidecar.retry import Backoff, Failure, about, after_failure, after_unload, internal_failure
-from lorapool.sources import AdapterStore, ChecksumMismatch, Downloader, Fetched, Limits, SourceOptions, redact_url
+from lorapool.sidecar.retry import Backoff
+from lorapool.sources import AdapterStore, Downloader, Limits, SourceOptions, redact_url
 from lorapool.sources.layout import CONFIG_FILE
 
 log = logging.getLogger("lorapool.sidecar")
@@ -97,46 +95,6 @@ class Settings:
     drain_s: float = 30.0
 
 
-class _Refused(Exception):
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-def _failure_reason(exc: BaseException) -> str:
-    if isinstance(exc, _Refused):
-        return exc.reason
-    if isinstance(exc, ChecksumMismatch):
-        return "checksum"
-    if isinstance(exc, UnsafePathError):
-        return "unsafe"
-    if isinstance(exc, AdapterError):
-        return "invalid"
-    if isinstance(exc, SourceError):
-        return "download"
-    if isinstance(exc, EngineError):
-        return "engine"
-    return "internal"
-
-
-def _transient(exc: BaseException) -> bool:
-    """Whether retrying the same thing soon can succeed (the shell's reading of the error types).
-
-    SourceError and EngineError say so themselves (the engine client reads vLLM's status and
-    message: no answer, 429 or 5xx may recover, a 4xx or a worker's refusal of the adapter will
-    not); a refused or unsafe adapter and a checksum mismatch stay as they are until the desired
-    entry changes. Unknown errors (bugs) keep the exponential backoff.
-    """
-    if isinstance(exc, SourceError | EngineError):
-        return exc.transient
-    return not isinstance(exc, _Refused | AdapterError)
-
-
-def _failure(name: str, exc: BaseException, *, reason: str | None = None) -> Failure:
-    """What ``exc`` says went wrong with adapter ``name`` (``reason`` overrides the kind it reads)."""
-    return Failure(reason or _failure_reason(exc), about(name, str(exc)), transient=_transient(exc))
-
-
 class Agent:
     def __init__(
         self, settings: Settings, *, rng: random.Random | None = None, clock: Callable[[], float] = time.time
@@ -162,6 +120,17 @@ class Agent:
         self.health = EngineHealth()
         self.restarts = 0
         self.backoff = Backoff(base_s=settings.backoff_base_s, cap_s=settings.backoff_cap_s)
+        self.executor = Executor(
+            self.state,
+            self.store,
+            self.downloader,
+            self.metrics,
+            engine=lambda: self.engine,
+            pool=lambda: self.pool,
+            clock=clock,
+            rng=self.rng,
+            backoff=self.backoff,
+        )
         self._adopted = False
         self._heartbeat = time.monotonic()
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -446,9 +415,9 @@ class Agent:
         actions = diff(desired, actual, self.state, now, stored=stored, hold=hold)
         for action in actions:
             if isinstance(action, Load):
-                self._spawn(action.name, self._load(action))
+                self._spawn(action.name, self.executor.load(action))
             elif isinstance(action, Unload):
-                self._spawn(action.name, self._unload(action))
+                self._spawn(action.name, self.executor.unload(action))
         for name, adapter in desired.items():
             if name not in self.state:
                 self.state[name] = AdapterState(name, source=redact_url(adapter.source), revision=adapter.revision)
@@ -472,135 +441,3 @@ class Agent:
             self.kick()
 
         task.add_done_callback(done)
-
-    def _set(self, name: str, **changes: Any) -> None:
-        if name in self.state:
-            self.state[name] = replace(self.state[name], **changes)
-
-    async def _load(self, action: Load) -> None:
-        """Download, verify, load into the engine, point the store at it; a failure backs off by kind."""
-        name, adapter = action.name, action.adapter
-        want = identity_of(adapter)
-        self._set(name, source=redact_url(adapter.source), revision=adapter.revision)
-        if not action.inplace:  # a hot swap keeps showing the serving phase until it downloads
-            self._set(name, phase=Phase.PENDING)
-        fetched = None
-        try:
-            fetched = await self._download(name, adapter)
-            rank = self._verify(name, fetched)
-            path = str(fetched.path)
-            await self._engine_load(name, path, inplace=action.inplace)
-            await asyncio.to_thread(self.store.point, name, fetched.origin)
-            self._loaded(action, want, path, rank)
-        except asyncio.CancelledError:
-            raise
-        except (_Refused, AdapterError, SourceError, EngineError) as exc:
-            self._fail(name, want, _failure(name, exc))
-        except Exception as exc:  # a bug must not take the other adapters down
-            log.exception("Adapter action crashed", extra={"kv": {"adapter": name}})
-            self._fail(name, want, internal_failure(name, type(exc).__name__, str(exc)))
-        finally:
-            if fetched is not None:
-                self.downloader.release(fetched)
-            await asyncio.to_thread(self.store.gc)
-
-    async def _download(self, name: str, adapter: DesiredAdapter) -> Fetched:
-        fetched = await self.downloader.fetch(
-            name,
-            adapter.source,
-            revision=adapter.revision,
-            sha256=adapter.sha256,
-            on_downloading=lambda: self._set(name, phase=Phase.DOWNLOADING),
-        )
-        if not fetched.cached:
-            self.metrics.download_bytes.inc(fetched.bytes)
-            self.metrics.download_seconds.observe(fetched.seconds)
-            log.info(
-                "Downloaded adapter",
-                extra={
-                    "kv": {
-                        "adapter": name,
-                        "source": redact_url(adapter.source),
-                        "bytes": fetched.bytes,
-                        "seconds": round(fetched.seconds, 3),
-                        "digest": fetched.origin.digest[:12],
-                    }
-                },
-            )
-        return fetched
-
-    def _verify(self, name: str, fetched: Fetched) -> int:
-        """The adapter's rank, or _Refused when the pool's checks refuse it (its rank is shown either way)."""
-        assert self.pool is not None
-        self._set(name, phase=Phase.VERIFYING)
-        config = parse_adapter_config(fetched.config, where=f"adapter {name!r}: {CONFIG_FILE}")
-        self._set(name, rank=config.rank)  # shown even when the checks below refuse it
-        if problems := check_adapter(name, config, self.pool):
-            raise _Refused(problems[0].reason, "; ".join(p.message for p in problems))
-        self._set(name, phase=Phase.LOADING, rank=config.rank)
-        return config.rank
-
-    async def _engine_load(self, name: str, path: str, *, inplace: bool) -> None:
-        try:
-            await self.engine.load(name, path, inplace=inplace)
-        except EngineError as exc:
-            if exc.status != 400 or "already loaded" not in str(exc):
-                raise
-            await self.engine.load(name, path, inplace=True)  # someone loaded it meanwhile
-
-    def _loaded(self, action: Load, want: str, path: str, rank: int) -> None:
-        name, adapter = action.name, action.adapter
-        self.state[name] = loaded_state(action, want, path, rank, source=redact_url(adapter.source), now=self.clock())
-        self.metrics.loads.labels(reason=str(action.reason)).inc()
-        log.info(
-            "Reloaded adapter" if action.inplace else "Loaded adapter",
-            extra={
-                "kv": {
-                    "adapter": name,
-                    "revision": adapter.revision,
-                    "rank": rank,
-                    "path": path,
-                    "reason": str(action.reason),
-                }
-            },
-        )
-
-    def _fail(self, name: str, failed: str, failure: Failure) -> None:
-        retry = after_failure(
-            self.state.get(name) or AdapterState(name), failed, failure, self.clock(), self.rng, self.backoff
-        )
-        self.state[name] = retry.state
-        self.metrics.failures.labels(reason=failure.reason).inc()
-        log.warning(
-            "Failed adapter action",
-            extra={
-                "kv": {
-                    "adapter": name,
-                    "reason": failure.reason,
-                    "error": retry.state.error,
-                    "attempts": retry.state.attempts,
-                    "transient": failure.transient,
-                    "retryInSeconds": round(retry.delay_s, 2),
-                }
-            },
-        )
-
-    async def _unload(self, action: Unload) -> None:
-        name = action.name
-        self._set(name, phase=Phase.UNLOADING)
-        try:
-            await asyncio.to_thread(self.store.remove, name)
-            if not action.in_engine:
-                self.state.pop(name, None)
-                return
-            await self.engine.unload(name)
-            self.metrics.unloads.inc()
-            log.info("Unloaded adapter", extra={"kv": {"adapter": name}})
-            st = self.state.get(name) or AdapterState(name)
-            self.state[name] = after_unload(st, self.clock(), self.rng, self.backoff).state
-        except asyncio.CancelledError:
-            raise
-        except (EngineError, UnsafePathError) as exc:
-            self._fail(name, UNLOAD, _failure(name, exc, reason="unload"))
-        finally:
-            await asyncio.to_thread(self.store.gc)

@@ -1,8 +1,9 @@
 """The sidecar's decisions, free of I/O: desired vs actual -> actions, the pool's checks, /status.
 
 ``diff`` is level-based: it looks at the whole desired set, what the engine lists in
-``/v1/models`` and what the sidecar remembers, and returns every action needed now.
-The shell (``agent.py``) runs the actions and feeds the results back into ``state``.
+``/v1/models`` and what the sidecar remembers, and returns every action needed now. The
+shell (``agent.py``, through ``executor.py``) runs the actions and feeds the results back into
+``state``.
 Pure: no asyncio, no HTTP, no clock (``now`` is passed in), no global RNG. Its siblings,
 one concept each and as pure: ``config`` (adapters.json, the slot, re-reads), ``retry``
 (failures, backoff and their messages), ``drain`` (adapters placement moved away), ``health``

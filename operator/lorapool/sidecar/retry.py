@@ -1,6 +1,6 @@
 """How a failed adapter action is remembered and when it is tried again. Pure.
 
-The shell (``agent.py``) reads what went wrong into a ``Failure`` (reason, message,
+The shell (``executor.py``) reads what went wrong into a ``Failure`` (reason, message,
 transient) and stores the ``AdapterState`` that ``after_failure`` / ``after_unload`` return,
 waiting the delay they chose; ``core.diff`` waits while ``next_retry_at`` lies ahead and the
 failed identity is still the one desired. No clock (``now`` is passed in), no global RNG.

@@ -3,7 +3,10 @@
 Pure: no clock, no I/O, no asyncio. ``server.py`` (the only caller in production) adds
 requests, calls ``step()`` from one background task, sleeps ``duration_s x time_scale`` and
 then hands the emitted tokens to the waiting HTTP handlers. ``run_workload`` drives the same
-engine on a virtual clock for tests and offline experiments.
+engine on a virtual clock for tests and offline experiments. This module is the scheduler and
+the engine's public face; it keeps its caches in two siblings: ``lora_cache`` (GPU slots, CPU
+cache, load prices; ``AdapterRef`` and ``LoadEvent`` are re-exported here) and ``kv_cache``
+(KV blocks and the prefix cache).
 
 What it reproduces from vLLM (``vllm/v1/core/sched/scheduler.py``, ``vllm/lora/``):
 
@@ -16,58 +19,33 @@ What it reproduces from vLLM (``vllm/v1/core/sched/scheduler.py``, ``vllm/lora/`
 * paged KV cache in blocks: a waiting request is admitted only if its blocks fit; a running
   request that cannot grow preempts the most recently admitted request, which recomputes later;
 * GPU slots (``max_loras``) and a CPU cache (``max_cpu_loras``), both least-recently-used; a
-  batch adapter missing from the slots is loaded inside the step, from the CPU cache or from
-  disk, and the whole batch waits for it;
-* vLLM 0.32's sticky ``load_inplace`` (``AdapterRef.reread``, set by the shell from the release's
-  row): such an adapter is read from disk again at every step whose batch holds it;
+  batch adapter missing from the slots is loaded inside the step and the whole batch waits for
+  it (``lora_cache``, with vLLM 0.32's sticky ``load_inplace``);
 * step time from ``TimingParams``: batch size, prefill tokens, distinct adapters, load stalls;
-* automatic prefix caching (``--enable-prefix-caching``, on by default in V1), as vLLM 0.32.0's
-  ``vllm/v1/core/{kv_cache_manager,block_pool,single_type_kv_cache_manager}.py`` (0.34.0 the
-  same for what is modelled): a request carries the chained hashes of its prompt's full blocks
-  (``SimRequest.block_hashes``, computed by the shell with the adapter's name and path as salt);
-  at admission the longest run of its leading blocks found in the cache is shared by reference
-  (at most ``(tokens - 1) // block_size`` blocks: the last token is always computed), prefill
-  starts after them, so the step's prefill time covers only the uncached tokens; a scheduled
-  chunk registers the blocks it fills; a freed cached block stays evictable, counts as free and
-  is evicted least recently freed first (a request's tail block first) once no uncached free
-  block is left; ``vllm:prefix_cache_queries``/``_hits`` count fresh admissions' tokens.
-
-Where the prefix cache is simpler than vLLM's: only prompt blocks are hashed (vLLM also caches
-the blocks a request's output fills, so a preempted request or a conversation resending the
-reply can hit more there); a block computed while a running request holds the same one stays
-uncached, and a recomputed copy of an evictable block replaces it (vLLM caches every copy under
-the one hash, so the hash outlives a copy's eviction); no sub-block hits, sliding windows or KV
-connectors; hashes are 64 bits.
+* automatic prefix caching (``--enable-prefix-caching``, on by default in V1; ``kv_cache`` says
+  how, and where it is simpler than vLLM's): a waiting request's cached leading blocks are
+  shared at admission and its prefill starts after them, so the step's prefill time covers only
+  the uncached tokens; ``vllm:prefix_cache_queries``/``_hits`` count fresh admissions' tokens.
 
 What it leaves out: speculative decoding, priorities, n > 1, beam search.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from lorapool.api.peft import VLLM_RANKS
+from lorapool.sim.kv_cache import KVCache
+from lorapool.sim.lora_cache import AdapterRef as AdapterRef  # re-exported: part of the engine's vocabulary
+from lorapool.sim.lora_cache import LoadEvent as LoadEvent
+from lorapool.sim.lora_cache import LoraCache
 from lorapool.sim.timing import TimingParams
 
 WAITING, RUNNING, FINISHED = 0, 1, 2
-_NO_HIT = (0, 0)  # no cached blocks, none of them evictable
 FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort")
-
-
-@dataclass(frozen=True, slots=True)
-class AdapterRef:
-    """A loaded adapter as the engine knows it: vLLM's lora_int_id plus what prices a load."""
-
-    lora_id: int
-    name: str
-    rank: int
-    path: str
-    # vLLM 0.32 after a load_inplace: the cached request keeps the flag, and the worker's
-    # add_adapter re-reads it from disk at every step whose batch holds it (0.34 resets the flag)
-    reread: bool = False
 
 
 @dataclass(slots=True, eq=False)
@@ -98,16 +76,6 @@ class SimRequest:
     cached_tokens: int = 0  # prefix-cache hit at its first admission (vLLM's num_cached_tokens)
     held: list[int] = field(default_factory=list)  # hashes of the cached blocks it references
     registered: int = 0  # leading block_hashes it has hit or computed
-
-
-@dataclass(frozen=True, slots=True)
-class LoadEvent:
-    """An adapter copied into a GPU slot: from the CPU cache, or from disk (cold = first read)."""
-
-    adapter: str
-    source: str  # "cpu" or "disk"
-    cold: bool
-    seconds: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,17 +181,10 @@ class Engine:
         self.timing = timing
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
-        self.free_blocks = config.num_gpu_blocks  # free KV blocks, evictable cached ones included
-        self._caching = config.enable_prefix_caching
-        # The prefix cache: block hash -> requests referencing the block (0: evictable), and the
-        # evictable ones in vLLM's free-queue order (least recently freed first, evicted first).
-        self._cached: dict[int, int] = {}
-        self._evictable: OrderedDict[int, None] = OrderedDict()
+        self.kv = KVCache(config.num_gpu_blocks, config.block_size, caching=config.enable_prefix_caching)
         self.clock_s = 0.0  # simulated seconds spent in steps and loads
         self.stats = EngineStats()
-        self._gpu: OrderedDict[int, AdapterRef] = OrderedDict()  # least recently used first
-        self._cpu: OrderedDict[int, AdapterRef] = OrderedDict()
-        self._seen_paths: set[str] = set()
+        self.loras = LoraCache(config.max_loras, config.cpu_capacity, timing)
         self._running_names: dict[str, int] = {}
         self._waiting_names: dict[str, int] = {}
         # vLLM's LoRARequestStates: requests per adapter from their first token to their end
@@ -250,7 +211,7 @@ class Engine:
             return False
         if req.state == RUNNING:
             self.running.remove(req)
-            self._release(req)
+            self.kv.release(req)
             if req.adapter is not None:
                 _dec(self._running_names, req.adapter.name)
         else:
@@ -278,21 +239,22 @@ class Engine:
         return len(self.waiting)
 
     @property
+    def free_blocks(self) -> int:
+        """Free KV blocks, evictable cached ones included."""
+        return self.kv.free_blocks
+
+    @property
     def kv_cache_usage(self) -> float:
         """Fraction of KV blocks in use, as vllm:kv_cache_usage_perc (1.0 = full)."""
-        total = self.config.num_gpu_blocks
-        return (total - self.free_blocks) / total
+        return self.kv.usage
 
     def cached_prefix_blocks(self, block_hashes: tuple[int, ...]) -> int:
         """Leading blocks of ``block_hashes`` the prefix cache holds (in use or evictable)."""
-        hit = 0
-        while hit < len(block_hashes) and block_hashes[hit] in self._cached:
-            hit += 1
-        return hit
+        return self.kv.cached_prefix_blocks(block_hashes)
 
     def evictable_blocks(self) -> tuple[int, ...]:
         """Hashes of cached blocks no request references, the next to be evicted first."""
-        return tuple(self._evictable)
+        return self.kv.evictable_blocks()
 
     def running_adapter_names(self) -> tuple[str, ...]:
         return tuple(self._running_names)
@@ -309,11 +271,11 @@ class Engine:
 
     def gpu_adapters(self) -> tuple[str, ...]:
         """Adapters in GPU slots, least recently used first."""
-        return tuple(ref.name for ref in self._gpu.values())
+        return self.loras.gpu_adapters()
 
     def cpu_adapters(self) -> tuple[str, ...]:
         """Adapters in the CPU cache, least recently used first."""
-        return tuple(ref.name for ref in self._cpu.values())
+        return self.loras.cpu_adapters()
 
     # -- adapters -------------------------------------------------------------------------
 
@@ -323,24 +285,8 @@ class Engine:
         It runs between steps, so the shell must hold the next step back by ``seconds``.
         ``replace`` re-reads an adapter already cached under the same id (load_inplace).
         """
-        if replace:
-            self._cpu.pop(ref.lora_id, None)
-            self._gpu.pop(ref.lora_id, None)
         in_use = {r.adapter.lora_id for r in self.running if r.adapter is not None}
-        if ref.lora_id in self._cpu:
-            self._cpu.move_to_end(ref.lora_id)
-            event = LoadEvent(ref.name, "cpu", False, 0.0)
-        else:
-            cold = ref.path not in self._seen_paths
-            seconds = self.timing.disk_load_s(ref.rank, cold=cold)
-            self._seen_paths.add(ref.path)
-            self._cpu_insert(ref, in_use)
-            event = LoadEvent(ref.name, "disk", cold, seconds)
-        if ref.lora_id not in self._gpu and self._gpu_has_room(in_use):
-            self._gpu_insert(ref, in_use)
-            event = LoadEvent(event.adapter, event.source, event.cold, event.seconds + self.timing.gpu_load_s(ref.rank))
-        elif ref.lora_id in self._gpu:
-            self._gpu.move_to_end(ref.lora_id)
+        event = self.loras.load(ref, replace=replace, in_use=in_use)
         self._account_loads((event,) if event.seconds > 0 else ())
         self.clock_s += event.seconds
         return event
@@ -355,7 +301,7 @@ class Engine:
         loads: tuple[LoadEvent, ...] = ()
         stall_s = 0.0
         if batch.loras:
-            loads = self._activate(batch.loras)
+            loads = self.loras.activate(batch.loras)
             stall_s = sum(event.seconds for event in loads)
             self._account_loads(loads)
         forward_s = self.timing.forward_s(len(batch.scheduled), batch.prefill_tokens, len(batch.loras))
@@ -393,7 +339,7 @@ class Engine:
             n = min(remaining, batch.budget) if remaining > 0 else 1
             need = -(-(req.kv_tokens + n) // block) - req.blocks
             self_preempted = False
-            while need > self.free_blocks:
+            while need > self.kv.free_blocks:
                 victim = running.pop()
                 self._preempt(victim)
                 batch.preempted += 1
@@ -402,11 +348,11 @@ class Engine:
                     break
             if self_preempted:
                 break
-            self._take(need)
+            self.kv.take(need)
             req.blocks += need
             batch.add(req, n, prefill=remaining > 0)
-            if self._caching and req.registered < len(req.block_hashes):
-                self._register(req, req.computed + n)
+            if self.kv.caching and req.registered < len(req.block_hashes):
+                self.kv.register(req, req.computed + n)
             i += 1
 
     def _schedule_waiting(self, batch: _Batch) -> None:
@@ -437,25 +383,26 @@ class Engine:
         A waiting request holds no blocks and has computed nothing (new, or preempted). As vLLM's
         ``allocate_slots``: the hit blocks are shared, not allocated, but an evictable one leaves
         the free queue, so it counts against the free blocks as a new one does."""
+        kv = self.kv
         block = self.config.block_size
-        hit, touched = self._lookup(req) if self._caching else _NO_HIT
+        hit, touched = kv.lookup(req)
         hit_tokens = hit * block
         n = min(req.prefill_len - hit_tokens, batch.budget)
         new = -(-(hit_tokens + n) // block) - hit
-        if new + touched > self.free_blocks:
+        if new + touched > kv.free_blocks:
             return False
-        if self._caching:
-            self._reference(req, hit)
+        if kv.caching:
+            kv.reference(req, hit)
             if req.num_preemptions == 0:  # vLLM counts re-admissions of preempted requests apart
                 self.stats.prefix_cache_queries += req.prefill_len
                 self.stats.prefix_cache_hits += hit_tokens
                 req.cached_tokens = hit_tokens
         req.computed = req.kv_tokens = hit_tokens
-        self._take(new + touched)
+        kv.take(new + touched)
         req.blocks = hit + new
         batch.add(req, n, prefill=True)
-        if self._caching and req.registered < len(req.block_hashes):
-            self._register(req, hit_tokens + n)
+        if kv.caching and req.registered < len(req.block_hashes):
+            kv.register(req, hit_tokens + n)
         return True
 
     def _advance(
@@ -483,7 +430,7 @@ class Engine:
                 req.state = FINISHED
                 req.final_reason = req.finish_reason
                 req.finished_s = now
-                self._release(req)
+                self.kv.release(req)
                 if req.adapter is not None:
                     _dec(self._running_names, req.adapter.name)
                     _dec(self._listed_names, req.adapter.name)
@@ -495,54 +442,6 @@ class Engine:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _activate(self, batch: dict[int, AdapterRef]) -> tuple[LoadEvent, ...]:
-        """Make every batch adapter resident in a GPU slot; return the loads that stalled."""
-        events: list[LoadEvent] = []
-        gpu, cpu = self._gpu, self._cpu
-        for lora_id, ref in batch.items():
-            if ref.reread:
-                gpu.pop(lora_id, None)
-                cpu.pop(lora_id, None)
-            if lora_id in gpu:
-                gpu.move_to_end(lora_id)
-                if lora_id in cpu:
-                    cpu.move_to_end(lora_id)
-                continue
-            if lora_id in cpu:
-                cpu.move_to_end(lora_id)
-                events.append(LoadEvent(ref.name, "cpu", False, self.timing.gpu_load_s(ref.rank)))
-            else:
-                cold = ref.path not in self._seen_paths
-                self._seen_paths.add(ref.path)
-                seconds = self.timing.disk_load_s(ref.rank, cold=cold) + self.timing.gpu_load_s(ref.rank)
-                self._cpu_insert(ref, batch)
-                events.append(LoadEvent(ref.name, "disk", cold, seconds))
-            self._gpu_insert(ref, batch)
-        return tuple(events)
-
-    def _gpu_has_room(self, protect: Iterable[int]) -> bool:
-        if len(self._gpu) < self.config.max_loras:
-            return True
-        protected = set(protect)
-        return any(lora_id not in protected for lora_id in self._gpu)
-
-    def _gpu_insert(self, ref: AdapterRef, protect: dict[int, AdapterRef] | set[int]) -> None:
-        gpu = self._gpu
-        if len(gpu) >= self.config.max_loras:
-            victim = next((lid for lid in gpu if lid not in protect), None)
-            if victim is None:  # cannot happen: a batch never holds more than max_loras adapters
-                raise AssertionError("every GPU slot holds an adapter of the running batch")
-            del gpu[victim]
-        gpu[ref.lora_id] = ref
-
-    def _cpu_insert(self, ref: AdapterRef, protect: dict[int, AdapterRef] | set[int]) -> None:
-        cpu = self._cpu
-        while len(cpu) >= self.config.cpu_capacity:
-            victim = next((lid for lid in cpu if lid not in protect), next(iter(cpu)))
-            del cpu[victim]
-            self._gpu.pop(victim, None)  # vLLM deactivates what leaves the CPU cache
-        cpu[ref.lora_id] = ref
-
     def _account_loads(self, loads: tuple[LoadEvent, ...]) -> None:
         for event in loads:
             self.stats.loads[event.source] += 1
@@ -551,7 +450,7 @@ class Engine:
 
     def _preempt(self, req: SimRequest) -> None:
         """vLLM V1 recompute preemption: free the blocks, requeue at the head of waiting."""
-        self._release(req)
+        self.kv.release(req)
         req.state = WAITING
         req.prefill_len = req.prompt_tokens + req.generated
         req.computed = 0
@@ -561,87 +460,6 @@ class Engine:
         if req.adapter is not None:
             _dec(self._running_names, req.adapter.name)
             _inc(self._waiting_names, req.adapter.name)
-
-    def _release(self, req: SimRequest) -> None:
-        """Free a request's blocks; its cached ones no other request uses become evictable,
-        tail block first (vLLM frees a request's blocks in reverse, so its tail is evicted first)."""
-        held = req.held
-        if held:
-            freed = req.blocks - len(held)
-            cached, evictable = self._cached, self._evictable
-            for block_hash in reversed(held):
-                refs = cached[block_hash] - 1
-                cached[block_hash] = refs
-                if not refs:
-                    evictable[block_hash] = None
-                    freed += 1
-            held.clear()
-            self.free_blocks += freed
-        else:
-            self.free_blocks += req.blocks
-        req.blocks = 0
-        req.registered = 0
-
-    # -- the prefix cache -----------------------------------------------------------------
-
-    def _lookup(self, req: SimRequest) -> tuple[int, int]:
-        """The request's leading blocks in the cache, and how many of them are evictable.
-
-        As vLLM's ``get_computed_blocks``: the hit stops at the first miss (hashes are chained)
-        and covers at most ``prefill_len - 1`` tokens, so the last token is computed for logits."""
-        hashes = req.block_hashes
-        if not hashes:
-            return _NO_HIT
-        limit = min(len(hashes), (req.prefill_len - 1) // self.config.block_size)
-        cached = self._cached
-        hit = touched = 0
-        while hit < limit:
-            refs = cached.get(hashes[hit])
-            if refs is None:
-                break
-            touched += not refs
-            hit += 1
-        return hit, touched
-
-    def _reference(self, req: SimRequest, hit: int) -> None:
-        """Share the first ``hit`` cached blocks with the request (vLLM's ``touch``)."""
-        cached, evictable = self._cached, self._evictable
-        hashes = req.block_hashes
-        for i in range(hit):
-            block_hash = hashes[i]
-            refs = cached[block_hash]
-            if not refs:
-                del evictable[block_hash]
-            cached[block_hash] = refs + 1
-            req.held.append(block_hash)
-        req.registered = hit
-
-    def _register(self, req: SimRequest, computed_tokens: int) -> None:
-        """Cache the prompt blocks full once ``computed_tokens`` are computed. vLLM caches them
-        when it schedules their tokens, so a request admitted later in the same step hits them."""
-        hashes = req.block_hashes
-        end = min(computed_tokens // self.config.block_size, len(hashes))
-        cached, evictable = self._cached, self._evictable
-        for i in range(req.registered, end):
-            block_hash = hashes[i]
-            refs = cached.get(block_hash)
-            if refs:  # a running request computed it too: this copy stays uncached (vLLM caches both)
-                continue
-            if refs == 0:  # an evictable copy: this one replaces it (in vLLM it outlives it)
-                del evictable[block_hash]
-            cached[block_hash] = 1
-            req.held.append(block_hash)
-        req.registered = max(end, req.registered)
-
-    def _take(self, count: int) -> None:
-        """Allocate ``count`` free blocks: uncached ones first, then by evicting the least
-        recently freed cached blocks (vLLM's free queue holds uncached blocks at its head)."""
-        self.free_blocks -= count
-        evictable = self._evictable
-        if len(evictable) > self.free_blocks:
-            cached = self._cached
-            for _ in range(len(evictable) - self.free_blocks):
-                del cached[evictable.popitem(last=False)[0]]
 
 
 def run_workload(engine: Engine, arrivals: Iterable[tuple[float, SimRequest]]) -> list[StepResult]:
