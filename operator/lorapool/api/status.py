@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lorapool.api.models import _camel
+from lorapool.api.fields import _camel
 
 
 class Status(BaseModel):
