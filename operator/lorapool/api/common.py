@@ -1,8 +1,13 @@
-"""Patterns, readable string rules and vocabularies shared by the API models, the CRD schema and the sidecar."""
+"""Patterns, readable string rules and vocabularies shared by the API models, the CRD schema and the sidecar.
+
+The source rules (``ADAPTER_SOURCE``, ``BASE_MODEL_SOURCE``, ``SOURCE_PATTERN``) are built from the
+scheme table, ``lorapool.api.schemes``. Pure.
+"""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -11,12 +16,17 @@ from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 
+from lorapool.api.schemes import SCHEMES, Scheme, UriRule
+
 # DNS-1123 label, so an adapter name is safe as a path segment, a label value and a model id.
 ADAPTER_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS1123_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-# Adapter sources. pvc://claim/path and file:///abs/path name local directories.
-SOURCE_PATTERN = r"^(hf://[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+(@[-A-Za-z0-9_./]+)?(/.*)?|s3://[a-z0-9][-a-z0-9.]{1,62}(/.*)?|https?://[^\s]+|pvc://[a-z0-9][-a-z0-9.]*(/.*)?|file:///.*)$"
-BASE_MODEL_SOURCE_PATTERN = r"^(hf://[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+|s3://[a-z0-9][-a-z0-9.]{1,62}(/.*)?|pvc://[a-z0-9][-a-z0-9.]*(/.*)?|file:///.*)$"
+# Sources as the adapter set's wire contract accepts them: each scheme's URI pattern (lorapool.api.schemes).
+# pvc://claim/path and file:///abs/path name local directories.
+SOURCE_PATTERN = "^(" + "|".join(s.uri_pattern for s in SCHEMES) + ")$"
+BASE_MODEL_SOURCE_PATTERN = (
+    "^(" + "|".join(s.base_model.uri_pattern for s in SCHEMES if s.base_model is not None) + ")$"
+)
 SHA256_PATTERN = r"^[a-f0-9]{64}$"
 
 
@@ -123,62 +133,26 @@ DNS_SUBDOMAIN = Checked(
     )
 )
 
-_SCHEMES_ADAPTER = "hf://, s3://, https://, pvc:// or file://"
-_S3 = Check(
-    r"^s3://[a-z0-9][-a-z0-9.]{1,61}[a-z0-9](/.*)?$",
-    "an s3:// source is s3://<bucket>/<prefix>, the bucket 3-63 lowercase letters, digits, '-' or '.', starting "
-    "and ending with a letter or digit, e.g. s3://acme-adapters/sql-coder/",
-    when="s3://",
-)
-_PVC = Check(
-    r"^pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?(/.*)?$",
-    "a pvc:// source is pvc://<claim>/<path>, the claim a Kubernetes name (lowercase letters, digits, '-', '.'), "
-    "e.g. pvc://adapters/sql-coder",
-    when="pvc://",
-)
-_FILE = Check(r"^file:///", "a file:// source is an absolute path, e.g. file:///adapters/sql-coder", when="file://")
+# --- source rules: one per scheme, from the scheme table (lorapool.api.schemes) ------------------
 
-ADAPTER_SOURCE = Checked(
-    (
-        Check(
-            r"^(hf|s3|https?|pvc|file)://",
-            f"must start with {_SCHEMES_ADAPTER}, e.g. hf://acme/llama3-sql-lora",
-        ),
-        Check(
-            r"^hf://[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+(@[-A-Za-z0-9_./]+)?(/.*)?$",
-            "an hf:// source is hf://<org>/<repo>, optionally @<revision> and /<subfolder>, "
-            "e.g. hf://acme/llama3-sql-lora",
-            when="hf://",
-        ),
-        _S3,
-        Check(
-            r"^https?://[^\s/]+\S*$",
-            "an https:// source is a URL without spaces, of a .tar.gz archive or a directory, "
-            "e.g. https://models.example.com/sql-coder.tar.gz",
-            when="http",
-        ),
-        _PVC,
-        _FILE,
-    )
-)
 
-BASE_MODEL_SOURCE = Checked(
-    (
-        Check(
-            r"^(hf|s3|pvc|file)://",
-            "must start with hf://, s3://, pvc:// or file://, e.g. hf://meta-llama/Meta-Llama-3-8B-Instruct",
-        ),
-        Check(
-            r"^hf://[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+$",
-            "an hf:// base model is hf://<org>/<repo> (its revision goes in spec.baseModel.revision), "
-            "e.g. hf://meta-llama/Meta-Llama-3-8B-Instruct",
-            when="hf://",
-        ),
-        _S3,
-        _PVC,
-        _FILE,
+def _scheme_rule(rule: UriRule) -> Check:
+    return Check(rule.regex, rule.message, when=rule.when)
+
+
+def _source_rules(entries: Sequence[tuple[Scheme, UriRule]]) -> Checked:
+    """A source's rules: it starts with the prefix of one of ``entries`` (the message's example is the
+    first entry's), then each entry's own rule, in the table's order."""
+    *most, last = (scheme.prefix for scheme, _ in entries)
+    starts = Check(
+        f"^({'|'.join(scheme.scheme_regex for scheme, _ in entries)})://",
+        f"must start with {', '.join(most)} or {last}, e.g. {entries[0][1].example}",
     )
-)
+    return Checked((starts, *(_scheme_rule(rule) for _, rule in entries)))
+
+
+ADAPTER_SOURCE = _source_rules([(s, s.adapter) for s in SCHEMES])
+BASE_MODEL_SOURCE = _source_rules([(s, s.base_model.rule) for s in SCHEMES if s.base_model is not None])
 
 SHA256 = Checked(
     (

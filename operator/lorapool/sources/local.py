@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from lorapool.api import schemes
 from lorapool.api.common import DNS1123_SUBDOMAIN_PATTERN
 from lorapool.errors import AdapterError, SourceError, UnsafePathError
 from lorapool.sources import archive
@@ -33,7 +34,7 @@ class LocalSource:
     @classmethod
     def from_url(cls, url: str, revision: str | None, options: SourceOptions) -> LocalSource:
         parts = urlsplit(url)
-        if parts.scheme == "file":
+        if parts.scheme in schemes.FILE.uri_schemes:
             if parts.netloc not in ("", "localhost"):
                 raise SourceError(
                     f"{url}: file:// URLs name a local path; write file:///abs/path",

@@ -1,0 +1,76 @@
+"""The pool's two ConfigMaps: ``<pool>-adapters`` (the adapter set the sidecars sync) and
+``<pool>-traffic`` (the priorities and limits the routers enforce). Pure.
+
+Called by ``lorapool.render.manifests.render_pool``. Adapters change only these two objects, never
+the engine pod template, so adding or removing one rolls no pod.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from lorapool.api.adapterset import CONFIGMAP_KEY, AdapterSet, DesiredAdapter
+from lorapool.api.models import LoRAPool
+from lorapool.api.traffic import TRAFFIC_CONFIGMAP_KEY, TrafficPolicy
+from lorapool.plan.adapters import PoolAdapter
+from lorapool.plan.planner import Plan
+from lorapool.render import names
+from lorapool.render.common import Obj, meta
+
+Holders = Mapping[str, Sequence[int]]  # adapter -> the replica slots placed to hold it
+
+
+def adapter_set(
+    pool: LoRAPool, plan: Plan, adapters: Sequence[PoolAdapter], holders: Holders | None = None
+) -> AdapterSet:
+    """What the sidecars read: every adapter, with the slots that hold it when placement is on."""
+
+    def slots(name: str) -> tuple[int, ...] | None:
+        return None if holders is None else tuple(sorted(holders.get(name, ())))
+
+    return AdapterSet(
+        pool=pool.metadata.name,
+        base_model=pool.spec.base_model.name,
+        max_lora_rank=plan.max_lora_rank,
+        adapters=tuple(
+            DesiredAdapter(
+                name=a.spec.name,
+                source=a.spec.source,
+                revision=a.spec.revision,
+                sha256=a.spec.sha256,
+                rank=a.spec.rank,
+                replicas=slots(a.spec.name),
+            )
+            for a in adapters
+        ),
+    )
+
+
+def adapters_configmap(
+    pool: LoRAPool, plan: Plan, adapters: Sequence[PoolAdapter], holders: Holders | None = None
+) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": meta(pool, names.adapters_configmap(pool.metadata.name), "adapters"),
+        "data": {CONFIGMAP_KEY: adapter_set(pool, plan, adapters, holders).to_json()},
+    }
+
+
+def traffic_policy(pool: LoRAPool, adapters: Sequence[PoolAdapter]) -> TrafficPolicy:
+    """What the routers enforce: the adapters that set ``traffic`` (the rest get the defaults), and
+    how many routers share each limit."""
+    return TrafficPolicy(
+        pool=pool.metadata.name,
+        routers=max(1, pool.spec.router.replicas),
+        adapters={a.spec.name: a.spec.traffic for a in adapters if a.spec.traffic is not None},
+    )
+
+
+def traffic_configmap(pool: LoRAPool, adapters: Sequence[PoolAdapter]) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": meta(pool, names.traffic_configmap(pool.metadata.name), "traffic"),
+        "data": {TRAFFIC_CONFIGMAP_KEY: traffic_policy(pool, adapters).to_json()},
+    }

@@ -1,0 +1,123 @@
+"""The router Deployment ``<pool>-router``: its command line (where it finds the engines and their
+reports, its policy, the plan's LoRA capacity, fair dispatch) and its pod, off the GPU nodes. Pure.
+
+Called by ``lorapool.render.manifests.render_pool``. With the gateway door the same pods also
+serve the endpoint picker (``lorapool.render.gateway`` adds its flags, ports and TLS volume).
+"""
+
+from __future__ import annotations
+
+from lorapool.api.models import DispatchSpec, LoRAPool
+from lorapool.api.traffic import TRAFFIC_CONFIGMAP_KEY
+from lorapool.plan.gpus import GPU_PRESENT_LABEL, GPU_PRODUCT_LABEL
+from lorapool.plan.planner import Plan
+from lorapool.render import gateway, names
+from lorapool.render.common import Obj, RenderOptions, api_key_env, meta, own_pod_env, restricted
+
+
+def _off_gpu_nodes() -> Obj:
+    """Prefer nodes without GPUs: a router on a GPU node takes CPU and memory the engines' pods need.
+
+    Preferred, not required, so a cluster made only of GPU nodes still runs its routers.
+    """
+    no_gpu = [{"key": label, "operator": "DoesNotExist"} for label in (GPU_PRESENT_LABEL, GPU_PRODUCT_LABEL)]
+    return {
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 100, "preference": {"matchExpressions": no_gpu}}
+            ]
+        }
+    }
+
+
+def _router_args(pool: LoRAPool, plan: Plan) -> list[str]:
+    """The router's command line: where it finds engines and their reports, its policy, the plan's capacity.
+
+    Apart from the Deployment because it is what ties the router to the pool; the rest is pod plumbing."""
+    p = pool.metadata.name
+    ns = pool.metadata.namespace
+    return [
+        "router",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(names.ROUTER_PORT),
+        "--endpointslices",
+        f"{ns}/{names.engine_service(p)}",
+        # Route by what each engine's sidecar reports it holds (loaded, loading, failed).
+        "--report-pods",
+        f"{ns}/{names.selector_string(p, 'engine')}",
+        "--policy",
+        pool.spec.router.policy.value,
+        # The engines' LoRA capacity, known before vLLM reports it after its first step.
+        "--max-loras",
+        str(plan.max_loras),
+        "--max-cpu-loras",
+        str(plan.max_cpu_loras),
+        # Priorities and rate limits (<pool>-traffic), re-read when the ConfigMap changes.
+        "--traffic-file",
+        f"{names.TRAFFIC_MOUNT}/{TRAFFIC_CONFIGMAP_KEY}",
+        # Fair dispatch and the saturation caps, when the pool asks for them.
+        *_dispatch_args(pool.spec.router.dispatch),
+        # Prefix locality among an adapter's holders, when the pool asks for it.
+        *(["--prefix-weight", f"{pool.spec.router.prefix_weight:g}"] if pool.spec.router.prefix_weight > 0 else []),
+    ]
+
+
+def _dispatch_args(dispatch: DispatchSpec) -> list[str]:
+    """The router's flags for spec.router.dispatch; none for its defaults."""
+    args = ["--fair-dispatch"] if dispatch.fair else []
+    if dispatch.max_prefilling is not None:
+        args += ["--max-prefilling", str(dispatch.max_prefilling)]
+    if dispatch.max_inflight is not None:
+        args += ["--max-inflight", str(dispatch.max_inflight)]
+    if dispatch.max_prefilling is not None or dispatch.max_inflight is not None:
+        args += ["--max-queue-wait", f"{dispatch.max_queue_wait_seconds:g}"]
+    return args
+
+
+def router_deployment(pool: LoRAPool, plan: Plan, opts: RenderOptions) -> Obj:
+    """Deployment ``<pool>-router``: the router container, the traffic file it re-reads, its pod off the GPU nodes."""
+    p = pool.metadata.name
+    router = pool.spec.router
+    probe = {"httpGet": {"path": "/health", "port": "http"}}
+    container: Obj = {
+        "name": "router",
+        "image": router.image or opts.lorapool_image,
+        "imagePullPolicy": opts.image_pull_policy,
+        "args": [*_router_args(pool, plan), *gateway.picker_args(pool)],
+        "env": [
+            *own_pod_env(),  # the Pod it writes its request counts on (lorapool.api.requests)
+            *api_key_env(pool),
+        ],
+        "ports": [{"name": "http", "containerPort": names.ROUTER_PORT, "protocol": "TCP"}, *gateway.picker_ports(pool)],
+        "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        "readinessProbe": {**probe, "periodSeconds": 5},
+        "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 3},
+        "securityContext": restricted(read_only_root=True),
+    }
+    volumes, mounts = gateway.picker_tls_mounts(pool)
+    # Mounted without subPath so ConfigMap updates reach the running router.
+    volumes = [{"name": "traffic", "configMap": {"name": names.traffic_configmap(p)}}, *volumes]
+    container["volumeMounts"] = [{"name": "traffic", "mountPath": names.TRAFFIC_MOUNT, "readOnly": True}, *mounts]
+    pod: Obj = {
+        "serviceAccountName": names.router(p),
+        "enableServiceLinks": False,
+        "affinity": _off_gpu_nodes(),
+        "securityContext": {"runAsUser": 1000, "runAsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [container],
+        "volumes": volumes,
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": meta(pool, names.router(p), "router"),
+        "spec": {
+            "replicas": router.replicas,
+            "selector": {"matchLabels": names.selector(p, "router")},
+            "template": {
+                "metadata": {"labels": names.labels(p, "router")},
+                "spec": pod,
+            },
+        },
+    }
