@@ -16,11 +16,11 @@ from lorapool.api.models import API_VERSION
 from lorapool.api.pods import engine_pod
 from lorapool.api.report import AdapterLoad as ReplicaLoad
 from lorapool.controller import signals
-from lorapool.controller.holders import decide_placement
 from lorapool.controller.signals import pool_signals
-from lorapool.testing.components import start_router, start_sim
-from tests.controller.test_holders import obs, pool, reported
+from lorapool.plan.holders import decide_placement
+from lorapool_dev.testing.components import start_router, start_sim
 from tests.delivery.test_dashboard import exported
+from tests.plan.test_holders import obs, pool, reported
 
 REPO = Path(__file__).parents[2]
 EXAMPLES = REPO / "examples" / "autoscaling"

@@ -1,13 +1,16 @@
 """`lorapool render -f FILE`: every object the operator applies, as multi-document YAML.
 
 Usable as an Argo CD config-management plugin or in any GitOps pipeline: output goes
-to stdout, problems to stderr with a non-zero exit and nothing on stdout.
+to stdout, problems to stderr with a non-zero exit and nothing on stdout. Each pool is planned,
+placed and rendered by ``render.desired.desired_state``, the function the operator's reconcile
+calls, so the output is what the operator applies to a new pool.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -32,21 +35,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from lorapool.api.yamlio import dump_all
-    from lorapool.commands.common import fail, plan_offline, read_inputs
-    from lorapool.controller.holders import decide_placement
-    from lorapool.errors import LoRAPoolError
-    from lorapool.render.manifests import RenderOptions, render_pool
+    from lorapool.commands.common import fail, read_inputs
+    from lorapool.errors import LoRAPoolError, PlanError
+    from lorapool.plan.adapters import merge_adapters
+    from lorapool.render.desired import desired_state
+    from lorapool.render.manifests import RenderOptions
 
     options = RenderOptions(lorapool_image=args.image) if args.image else RenderOptions()
     try:
         inputs = read_inputs(args.filename)
-        objects = []
+        objects: list[dict[str, Any]] = []
         for pool in inputs.pools:
-            plan, merged = plan_offline(pool, inputs.adapters)
-            # The placement a new pool starts from (no load observed yet), as the operator renders it.
-            names = [a.spec.name for a in merged.adapters]
-            placement = decide_placement(pool, names, plan.max_cpu_loras, {}, {}, now=0.0)
-            objects.extend(render_pool(pool, plan, merged.adapters, options, placement.holders))
+            # Ranks as the spec writes them (sources are not read offline); no pods, no status: the
+            # placement a new pool starts from, planned, placed and rendered as the operator does.
+            merged = merge_adapters(pool, inputs.adapters)
+            desired = desired_state(pool, [(a, a.spec.rank) for a in merged.adapters], options)
+            if desired.plan is None:
+                raise PlanError(desired.plan_errors)
+            objects.extend(desired.objects)
     except LoRAPoolError as exc:
         return fail(exc, "render")
     if args.include_pool:

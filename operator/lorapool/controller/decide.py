@@ -20,10 +20,8 @@ from lorapool.api.load import describe
 from lorapool.api.models import LoRAAdapter, LoRAPool
 from lorapool.api.peft import parse_adapter_config, same_base_model
 from lorapool.api.pods import EnginePod, RouterPod
-from lorapool.api.report import adapter_identity
 from lorapool.api.status import AdapterPhase, ConditionType, LoRAAdapterStatus
 from lorapool.controller.gateway import GatewayObserved
-from lorapool.controller.holders import Placement, decide_placement, observed_load, previous_k
 from lorapool.controller.status import (
     CONVERGING_REASONS,
     FAILED_REASONS,
@@ -31,12 +29,14 @@ from lorapool.controller.status import (
     Observed,
     Presence,
 )
-from lorapool.errors import LoRAPoolError, PlanError
+from lorapool.errors import LoRAPoolError
 from lorapool.plan.adapters import Merged, PoolAdapter
 from lorapool.plan.gpus import GPUS
-from lorapool.plan.planner import AdapterRank, Plan, plan_pool
+from lorapool.plan.holders import Placement
+from lorapool.plan.planner import Plan
 from lorapool.render import names
-from lorapool.render.manifests import RenderOptions, render_pool
+from lorapool.render.desired import desired_state
+from lorapool.render.manifests import RenderOptions
 
 Obj = dict[str, Any]
 PLAN_FLAGS = ("maxLoras", "maxLoraRank", "maxCpuLoras")  # a change of any of these rolls the engine pods
@@ -183,7 +183,7 @@ def decide(
     now: float = 0.0,
     tuned: int | None = None,
 ) -> Decision:
-    """Plan over the adapters not refused, place them (``controller.holders``), render the children.
+    """Plan over the adapters not refused, place them, render the children (``render.desired``).
 
     ``verdicts`` are ``judge_adapter`` results in ``merged.adapters`` order. Every rank the
     planner sees either fits its max-lora-rank or makes the plan fail naming the adapter, so
@@ -192,23 +192,10 @@ def decide(
     ``status`` and ``now`` (Unix seconds) feed placement.
     ``tuned``: the --max-loras the sizing loop applies (``controller.tuning.tuned_max_loras``).
     """
-    rest = unmerged(merged, invalid)
-    servable = [(a, v) for a, v in zip(merged.adapters, verdicts, strict=True) if v.phase != AdapterPhase.FAILED]
-    try:
-        plan = plan_pool(pool.spec, [AdapterRank(a.spec.name, a.field, v.rank) for a, v in servable], tuned=tuned)
-    except PlanError as exc:
-        return Decision(None, exc.problems, (*verdicts, *rest), ())
-    placement = decide_placement(
-        pool,
-        [a.spec.name for a, _ in servable],
-        plan.max_cpu_loras,
-        previous_k(status),
-        observed_load(pods, routers, now),
-        now,
-    )
-    objects = render_pool(pool, plan, [a for a, _ in servable], options, placement.holders)
-    identities = {a.spec.name: adapter_identity(a.spec.source, a.spec.revision, a.spec.sha256) for a, _ in servable}
-    return Decision(plan, (), (*verdicts, *rest), tuple(objects), identities, placement)
+    servable = [(a, v.rank) for a, v in zip(merged.adapters, verdicts, strict=True) if v.phase != AdapterPhase.FAILED]
+    want = desired_state(pool, servable, options, pods=pods, routers=routers, status=status, now=now, tuned=tuned)
+    adapters = (*verdicts, *unmerged(merged, invalid))
+    return Decision(want.plan, want.plan_errors, adapters, want.objects, want.identities, want.placement)
 
 
 # --- 5. observe ------------------------------------------------------------------------------

@@ -23,7 +23,6 @@ from lorapool.api.pods import EnginePod, RouterPod, engine_pods, router_pods
 from lorapool.api.status import AdapterPhase, LoRAAdapterStatus, LoRAPoolStatus
 from lorapool.controller import decide, gateway, signals, tuning
 from lorapool.controller.decide import Decision, Event, Fetched
-from lorapool.controller.holders import assign_slots, pod_slots, slot_patches
 from lorapool.controller.kube import Kube
 from lorapool.controller.schedule import DONE, Result
 from lorapool.controller.status import (
@@ -38,6 +37,7 @@ from lorapool.controller.status import (
 )
 from lorapool.errors import LoRAPoolError, SourceError
 from lorapool.plan.adapters import PoolAdapter, merge_adapters
+from lorapool.plan.holders import assign_slots, pod_slots, slot_patches
 from lorapool.render import names
 from lorapool.render.manifests import RenderOptions
 

@@ -17,7 +17,7 @@ from prometheus_client import Counter, Gauge
 
 from lorapool.api.models import LoRAPool
 from lorapool.api.pods import EnginePod
-from lorapool.controller.holders import Placement
+from lorapool.plan.holders import Placement
 from lorapool.plan.placement import moves
 
 LABELS = ("namespace", "pool")

@@ -33,7 +33,7 @@ from lorapool.api.status import (
 )
 from lorapool.api.vllm_versions import release_of
 from lorapool.controller.gateway import GatewayObserved, inference_pool_condition
-from lorapool.controller.holders import Placement
+from lorapool.plan.holders import Placement
 
 READY, PROGRESSING, DEGRADED = ConditionType.READY, ConditionType.PROGRESSING, ConditionType.DEGRADED
 ACCEPTED = ConditionType.ACCEPTED
@@ -121,7 +121,7 @@ class Observed:
     endpoint: str  # empty without the HTTP door
     selector: str
     presence: Mapping[str, Presence] = field(default_factory=dict)  # adapter name -> what the engines hold
-    placement: Placement | None = None  # where each adapter lives (controller.holders)
+    placement: Placement | None = None  # where each adapter lives (plan.holders)
     gateway: GatewayObserved | None = None  # the gateway door (controller.gateway); None with frontDoor router
     engine_versions: Mapping[str | None, int] = field(
         default_factory=dict

@@ -1,6 +1,6 @@
 """k-of-N placement: which replicas hold which adapter, and how many replicas each adapter gets. Pure.
 
-Called by the operator's placement step (``controller.decide``) and by the benchmark's
+Called by the operator's placement step (``plan.holders``) and by the benchmark's
 ``lorapool placement`` system, so both run the same code. No I/O, no clock: the caller
 passes ``now``.
 

@@ -1,9 +1,10 @@
-"""Who holds each adapter: the reconcile's placement step (replica slots, each adapter's k, its
-holders) over the cluster's pods, status and load. Pure.
+"""Who holds each adapter: placement's step over the cluster (replica slots, each adapter's k, its
+holders) from the pods, status and load, given as plain data. Pure.
 
-Called by ``controller.reconcile`` between reading the adapters and rendering; the placement
-itself is ``lorapool.plan.placement`` (the same code the benchmark runs). Here it meets the
-cluster, in plain data:
+Called by ``render.desired`` (``decide_placement``, ``observed_load``, ``previous_k``: for the
+operator's ``controller.decide`` and for ``lorapool render``), by ``controller.reconcile``
+(``assign_slots``, ``slot_patches``) and by the benchmark. The policy it applies is
+``lorapool.plan.placement`` (rendezvous, ``place``, ``next_k``); here it meets the cluster:
 
 - **Slots** are the stable replica identities placement hashes over: ``0 .. spec.replicas-1``,
   one per engine pod, kept in the pod's annotation ``lorapool.io/slot``. A pod keeps its slot
@@ -27,10 +28,9 @@ from typing import Any
 
 from lorapool.api.clock import unix
 from lorapool.api.models import ALL, AUTO, LoRAPool
-from lorapool.api.pods import EnginePod, RouterPod
+from lorapool.api.pods import POD_DELETION_COST_ANNOTATION, SLOT_ANNOTATION, EnginePod, RouterPod
 from lorapool.api.status import PlacementMode, PlacementStatus
 from lorapool.plan.placement import AdapterLoad, KState, ScalingRule, clip_k, next_k, place
-from lorapool.render import names
 
 # What the operator's 'auto' k reacts to, in the units the sidecars' reports give (api/report.py):
 # ``waiting`` = the sum over replicas of the share of the window its requests waited for a slot
@@ -106,8 +106,8 @@ def slot_patches(pods: Sequence[PodSlot], assigned: Mapping[str, int | None]) ->
         cost = SURPLUS_DELETION_COST if slot is None else str(-slot)
         if p.slot != slot or p.deletion_cost != cost:
             patches[p.name] = {
-                names.SLOT_ANNOTATION: None if slot is None else str(slot),
-                names.POD_DELETION_COST_ANNOTATION: cost,
+                SLOT_ANNOTATION: None if slot is None else str(slot),
+                POD_DELETION_COST_ANNOTATION: cost,
             }
     return patches
 

@@ -1,4 +1,4 @@
-"""The reconcile's placement step, table by table: slots, k from spec and load, status fields."""
+"""The reconcile's placement step (plan.holders), table by table: slots, k from spec and load, status fields."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ from lorapool.api.requests import RequestWindow
 from lorapool.api.requests import encode as encode_requests
 from lorapool.api.status import PlacementMode
 from lorapool.controller import decide
-from lorapool.controller.holders import (
+from lorapool.controller.status import AdapterResult, pool_status
+from lorapool.plan.adapters import merge_adapters
+from lorapool.plan.holders import (
     PodSlot,
     assign_slots,
     decide_placement,
@@ -30,8 +32,6 @@ from lorapool.controller.holders import (
     scaling_rule,
     slot_patches,
 )
-from lorapool.controller.status import AdapterResult, pool_status
-from lorapool.plan.adapters import merge_adapters
 from lorapool.plan.placement import AdapterLoad, KState, rendezvous
 from lorapool.render import names
 from lorapool.render.manifests import RenderOptions
