@@ -26,7 +26,7 @@ unit: install
 	$(PYTHON) -m pytest -m "not cluster" -q
 
 # scripts/ci.py: lint, the control-plane build, the engine install and pytest, each timed; it ends
-# with the CI budget table (lorapool.testing.tiers) and names any tier over its budget.
+# with the CI budget table (lorapool_dev.testing.tiers) and names any tier over its budget.
 test: install
 	$(PYTHON) scripts/ci.py
 

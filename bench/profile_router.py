@@ -27,7 +27,7 @@ if __package__ in (None, ""):  # `python bench/profile_router.py`: make `bench` 
 from bench.loadgen import Workload, run_open_loop, schedule
 from bench.run import ADAPTERS
 from bench.systems import FleetSpec, sim_fleet
-from lorapool.testing.components import start_router
+from lorapool_dev.testing.components import start_router
 
 FRAME = re.compile(r"(.*) \((.*):(\d+)\)")
 PREFIX = re.compile(r".*/(site-packages|lib/python3\.\d+|operator)/")

@@ -67,10 +67,10 @@ def systems() -> list[System]:
 def vllm_fleet(spec: FleetSpec, adapter_root: Path) -> Iterator[tuple[list[str], Callable[[], float]]]:
     """Fresh vLLM CPU replicas serving ``spec.adapters`` tiny-model adapters (``lora-0000`` ...);
     yields their URLs and a function counting LoRA slot activations so far (from their logs)."""
-    from lorapool.engine.install import require_engine
-    from lorapool.engine.replicas import replica_configs, start_engines, stop_engines
-    from lorapool.engine.server import ServeConfig
-    from lorapool.engine.tinymodel import ensure_tiny_model, write_tiny_adapter
+    from lorapool_dev.engine.install import require_engine
+    from lorapool_dev.engine.replicas import replica_configs, start_engines, stop_engines
+    from lorapool_dev.engine.server import ServeConfig
+    from lorapool_dev.engine.tinymodel import ensure_tiny_model, write_tiny_adapter
 
     install = require_engine()
     modules = []
@@ -111,7 +111,7 @@ def vllm_fleet(spec: FleetSpec, adapter_root: Path) -> Iterator[tuple[list[str],
 def sim_fleet(spec: FleetSpec, adapter_root: Path) -> Iterator[tuple[list[str], Callable[[], float]]]:
     """The same fleet as simulators; loads counted by ``sim:lora_loads_total``."""
     from bench.systems import sim_fleet as start_sims
-    from lorapool.testing.scrape import samples, scrape
+    from lorapool_dev.testing.scrape import samples, scrape
 
     with start_sims(spec, adapter_root) as urls:
 

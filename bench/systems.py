@@ -20,9 +20,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench.loadgen import adapter_name
-from lorapool.testing.components import Component, start_router, start_sim
-from lorapool.testing.peft import write_peft_adapter
-from lorapool.testing.processes import RunningProcess, free_port, start_process
+from lorapool_dev.testing.components import Component, start_router, start_sim
+from lorapool_dev.testing.peft import write_peft_adapter
+from lorapool_dev.testing.processes import RunningProcess, free_port, start_process
 
 
 @dataclass(frozen=True)
@@ -183,7 +183,7 @@ def envoy_picker(backends: Sequence[str], policy: str, args: Sequence[str] = ())
     """Envoy (FULL_DUPLEX_STREAMED, ORIGINAL_DST, TLS to the picker, as GIE gateways run it) in front of
     ``lorapool router --ext-proc-port``; the URL is Envoy's. Envoy's message timeout is set above
     ``--max-wait`` and told to the picker, so grouping's holds are kept."""
-    from lorapool.testing.envoy import GatewayConfig, bootstrap, start_envoy
+    from lorapool_dev.testing.envoy import GatewayConfig, bootstrap, start_envoy
 
     wait_s = next((float(b) for a, b in itertools.pairwise(args) if a == "--max-wait"), 2.0)
     timeout_s = wait_s + 1.0
@@ -201,7 +201,7 @@ def _ip_port(url: str) -> str:
 @contextmanager
 def envoy_round_robin(backends: Sequence[str]) -> Iterator[str]:
     """Envoy alone, round robin over the backends: what Envoy itself adds (the picker's floor)."""
-    from lorapool.testing.envoy import round_robin_bootstrap, start_envoy
+    from lorapool_dev.testing.envoy import round_robin_bootstrap, start_envoy
 
     listen, admin = free_port(), free_port()
     with start_envoy(round_robin_bootstrap(listen, admin, [_ip_port(b) for b in backends])) as envoy:
@@ -214,7 +214,7 @@ def envoy_noop_ext_proc(backends: Sequence[str]) -> Iterator[str]:
     which names the first backend without any policy: what the Python gRPC round trips cost."""
     import sys
 
-    from lorapool.testing.envoy import GatewayConfig, bootstrap, start_envoy
+    from lorapool_dev.testing.envoy import GatewayConfig, bootstrap, start_envoy
 
     picker, listen, admin = free_port(), free_port(), free_port()
     cfg = GatewayConfig(listen_port=listen, picker=f"127.0.0.1:{picker}", admin_port=admin, message_timeout_s=3.0)

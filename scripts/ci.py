@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""`make test`'s steps, each timed, ending with the CI budget table (lorapool.testing.tiers).
+"""`make test`'s steps, each timed, ending with the CI budget table (lorapool_dev.testing.tiers).
 
     python scripts/ci.py                 # lint, control-plane build, engine install, image build, every test
     python scripts/ci.py -- tests/router # the same steps, pytest on a part of the suite
@@ -25,12 +25,12 @@ sys.path.insert(0, str(REPO / "operator"))
 
 from lorapool.api.vllm_versions import SUPPORTED  # noqa: E402
 from lorapool.cache import cache_root  # noqa: E402
-from lorapool.cluster import build  # noqa: E402
-from lorapool.cluster.runtime import COMPONENTS  # noqa: E402
-from lorapool.engine.install import find_engine  # noqa: E402
-from lorapool.engine.parsers import find_parser  # noqa: E402
-from lorapool.image.build import images_built  # noqa: E402
-from lorapool.testing.tiers import TIERS, TIMES_ENV, Measured, table  # noqa: E402
+from lorapool_dev.cluster import build  # noqa: E402
+from lorapool_dev.cluster.runtime import COMPONENTS  # noqa: E402
+from lorapool_dev.engine.install import find_engine  # noqa: E402
+from lorapool_dev.engine.parsers import find_parser  # noqa: E402
+from lorapool_dev.image.build import images_built  # noqa: E402
+from lorapool_dev.testing.tiers import TIERS, TIMES_ENV, Measured, table  # noqa: E402
 
 
 def step(cmd: list[str], env: dict[str, str] | None = None) -> tuple[int, float]:

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 # One local control plane per test session, shared by every package that needs it; and a test
-# owns what it starts (threads, processes, ports: lorapool.testing.leaks).
-pytest_plugins = ["lorapool.cluster.pytest_plugin", "lorapool.testing.leaks", "lorapool.testing.tiers"]
+# owns what it starts (threads, processes, ports: lorapool_dev.testing.leaks).
+pytest_plugins = ["lorapool_dev.cluster.pytest_plugin", "lorapool_dev.testing.leaks", "lorapool_dev.testing.tiers"]
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "lorapool.yaml"

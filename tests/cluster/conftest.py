@@ -1,4 +1,4 @@
-"""Fixtures for tests against the local control plane (see lorapool.cluster.pytest_plugin)."""
+"""Fixtures for tests against the local control plane (see lorapool_dev.cluster.pytest_plugin)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from lorapool.cluster import LocalCluster
+from lorapool_dev.cluster import LocalCluster
 
-# local_cluster comes from lorapool.cluster.pytest_plugin, loaded by tests/conftest.py,
+# local_cluster comes from lorapool_dev.cluster.pytest_plugin, loaded by tests/conftest.py,
 # so every test package shares one control plane per session.
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from lorapool.cache import cache_root
-from lorapool.cluster import build
-from lorapool.cluster.runtime import COMPONENTS
+from lorapool_dev.cluster import build
+from lorapool_dev.cluster.runtime import COMPONENTS
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -16,11 +16,11 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from lorapool.cluster import LocalCluster
-from lorapool.cluster.manifests import A100_40GB, A100_80GB, DEFAULT_NODES
-from lorapool.cluster.pytest_plugin import CLUSTER_START_S
-from lorapool.cluster.versions import HELM_VERSION, KUBERNETES_VERSION, binary
-from lorapool.testing.wait import wait_until
+from lorapool_dev.cluster import LocalCluster
+from lorapool_dev.cluster.manifests import A100_40GB, A100_80GB, DEFAULT_NODES
+from lorapool_dev.cluster.pytest_plugin import CLUSTER_START_S
+from lorapool_dev.cluster.versions import HELM_VERSION, KUBERNETES_VERSION, binary
+from lorapool_dev.testing.wait import wait_until
 
 pytestmark = pytest.mark.cluster
 # Each timeout adds CLUSTER_START_S: whichever test runs first also pays for starting the

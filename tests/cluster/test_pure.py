@@ -1,4 +1,4 @@
-"""Pure parts of lorapool.cluster: build inputs, node manifests, flags, certificates, stages.
+"""Pure parts of lorapool_dev.cluster: build inputs, node manifests, flags, certificates, stages.
 
 No processes: these run everywhere, built binaries or not.
 """
@@ -12,9 +12,9 @@ import pytest
 import yaml
 from cryptography import x509
 
-from lorapool.cluster import build, manifests, pki
-from lorapool.cluster.manifests import A100_40GB, A100_80GB, DEFAULT_NODES, Layout, Ports
-from lorapool.cluster.versions import BY_NAME
+from lorapool_dev.cluster import build, manifests, pki
+from lorapool_dev.cluster.manifests import A100_40GB, A100_80GB, DEFAULT_NODES, Layout, Ports
+from lorapool_dev.cluster.versions import BY_NAME
 
 KUBERNETES_GO_MOD = """module k8s.io/kubernetes
 
@@ -125,7 +125,7 @@ def test_serving_certificate_names_loopback_and_the_kubernetes_service() -> None
 
 
 def test_kwok_stages_cover_node_and_pod_lifecycles() -> None:
-    text = resources.files("lorapool.cluster").joinpath("stages.yaml").read_text()
+    text = resources.files("lorapool_dev.cluster").joinpath("stages.yaml").read_text()
     stages = {s["metadata"]["name"]: s["spec"]["resourceRef"]["kind"] for s in yaml.safe_load_all(text) if s}
     assert stages == {
         "node-initialize": "Node",

@@ -21,12 +21,12 @@ from typing import Any
 import pytest
 
 from lorapool.api.vllm_versions import CPU_TIER, family_name, release_of
-from lorapool.engine.fixtures import engine_or_skip, started
-from lorapool.engine.server import ENGINE_KINDS, EngineKind, ServeConfig
-from lorapool.engine.tinymodel import AdapterKind, ensure_tiny_model, model_dir, write_tiny_adapter
-from lorapool.testing import http
-from lorapool.testing.http import Response
-from lorapool.testing.processes import free_port
+from lorapool_dev.engine.fixtures import engine_or_skip, started
+from lorapool_dev.engine.server import ENGINE_KINDS, EngineKind, ServeConfig
+from lorapool_dev.engine.tinymodel import AdapterKind, ensure_tiny_model, model_dir, write_tiny_adapter
+from lorapool_dev.testing import http
+from lorapool_dev.testing.http import Response
+from lorapool_dev.testing.processes import free_port
 
 MAX_LORAS = 1
 MAX_LORA_RANK = 16

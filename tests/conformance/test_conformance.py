@@ -22,8 +22,8 @@ import pytest
 
 from lorapool.api.vllm_versions import CPU_TIER
 from lorapool.sim.metrics import LATENCY_BUCKETS, TTFT_BUCKETS
-from lorapool.testing.scrape import latest_labels, metric_value, samples
-from lorapool.testing.wait import wait_until
+from lorapool_dev.testing.scrape import latest_labels, metric_value, samples
+from lorapool_dev.testing.wait import wait_until
 from tests.conformance.conftest import BASE, BLOCK_SIZE, MAX_LORA_RANK, MAX_LORAS, MAX_MODEL_LEN, Engine, Response
 
 SIM_README = Path(__file__).resolve().parents[2] / "operator" / "lorapool" / "sim" / "README.md"

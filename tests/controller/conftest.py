@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import yaml
 
-from lorapool.cluster import LocalCluster
-from lorapool.testing.components import operator_argv
-from lorapool.testing.inferencepool_crd import NAME, inferencepool_crd
-from lorapool.testing.processes import free_port
-from lorapool.testing.wait import wait_until
+from lorapool_dev.cluster import LocalCluster
+from lorapool_dev.testing.components import operator_argv
+from lorapool_dev.testing.inferencepool_crd import NAME, inferencepool_crd
+from lorapool_dev.testing.processes import free_port
+from lorapool_dev.testing.wait import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -28,12 +28,12 @@ import pytest
 import yaml
 
 from lorapool.api.report import ANNOTATION, SYNCED_CONDITION
-from lorapool.cluster import LocalCluster
-from lorapool.cluster.pytest_plugin import CLUSTER_START_S
 from lorapool.podstatus import PodRef, api_server, patch_status, session
 from lorapool.render import names
-from lorapool.testing.accounts import bare_pool, create_accounts
-from lorapool.testing.wait import wait_until
+from lorapool_dev.cluster import LocalCluster
+from lorapool_dev.cluster.pytest_plugin import CLUSTER_START_S
+from lorapool_dev.testing.accounts import bare_pool, create_accounts
+from lorapool_dev.testing.wait import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(CLUSTER_START_S + 120)]
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from lorapool.cluster import LocalCluster
-from lorapool.testing.wait import wait_until
+from lorapool_dev.cluster import LocalCluster
+from lorapool_dev.testing.wait import wait_until
 from tests.controller.conftest import OperatorProcess
 from tests.corpus.corpus import CASES, Case, regex_in
 

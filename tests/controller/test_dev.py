@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from lorapool.cache import cache_root
-from lorapool.cluster import build
-from lorapool.cluster.runtime import COMPONENTS
-from lorapool.testing.envoy import envoy_or_skip
+from lorapool_dev.cluster import build
+from lorapool_dev.cluster.runtime import COMPONENTS
+from lorapool_dev.testing.envoy import envoy_or_skip
 
 pytestmark = pytest.mark.cluster
 

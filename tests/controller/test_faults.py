@@ -26,9 +26,9 @@ from typing import Any
 
 import pytest
 
-from lorapool.cluster import LocalCluster
 from lorapool.render.names import POOL_LABEL
-from lorapool.testing.wait import wait_until
+from lorapool_dev.cluster import LocalCluster
+from lorapool_dev.testing.wait import wait_until
 from tests.controller.conftest import OperatorProcess
 from tests.controller.test_operator import adapter_dir, apply, condition, get, pool_doc, ready
 

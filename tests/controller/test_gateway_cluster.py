@@ -1,7 +1,7 @@
 """The gateway door in a real control plane: the InferencePool CRD absent, then installed while the
 operator runs; a gateway's verdict in InferencePoolReady; a door change prunes what it no longer
 renders; and the real API server judges the InferencePool we render by GIE's v1 schema and CEL
-rules (lorapool.testing.inferencepool_crd)."""
+rules (lorapool_dev.testing.inferencepool_crd)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ import yaml
 
 from lorapool.api.load import parse_object
 from lorapool.api.models import LoRAPool
-from lorapool.cluster import LocalCluster
 from lorapool.plan.adapters import merge_adapters
 from lorapool.plan.planner import AdapterRank, plan_pool
 from lorapool.render import names
 from lorapool.render.manifests import render_pool
-from lorapool.testing.wait import wait_until
+from lorapool_dev.cluster import LocalCluster
+from lorapool_dev.testing.wait import wait_until
 from tests.controller.conftest import OperatorProcess, install_inferencepool_crd
 from tests.controller.test_operator import adapter_dir, apply, condition, get, pool_doc, ready
 

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
-from lorapool.cluster import LocalCluster
 from lorapool.render import names
-from lorapool.testing.gateway_api import gateway_api_crds
+from lorapool_dev.cluster import LocalCluster
+from lorapool_dev.testing.gateway_api import gateway_api_crds
 from tests.controller.conftest import install_inferencepool_crd
 
 pytestmark = pytest.mark.cluster

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import yaml
 
-from lorapool.cluster import LocalCluster
-from lorapool.testing.peft import write_peft_adapter
-from lorapool.testing.processes import free_port, start_process
-from lorapool.testing.wait import wait_until
+from lorapool_dev.cluster import LocalCluster
+from lorapool_dev.testing.peft import write_peft_adapter
+from lorapool_dev.testing.processes import free_port, start_process
+from lorapool_dev.testing.wait import wait_until
 from tests.controller.conftest import OperatorProcess
 
 pytestmark = pytest.mark.cluster

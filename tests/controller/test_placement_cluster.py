@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from lorapool.cluster import LocalCluster
 from lorapool.plan.placement import moves
 from lorapool.render import names
-from lorapool.testing.fakekubelet import LocalEngines
-from lorapool.testing.wait import wait_until
+from lorapool_dev.cluster import LocalCluster
+from lorapool_dev.testing.fakekubelet import LocalEngines
+from lorapool_dev.testing.wait import wait_until
 from tests.controller.conftest import OperatorProcess
 from tests.controller.test_operator import BASE, adapter_dir, apply, get, pool_doc, ready
 

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from lorapool.cache import cache_root
-from lorapool.cluster import build
-from lorapool.cluster.runtime import COMPONENTS
-from lorapool.cluster.versions import binary
-from lorapool.testing.peft import write_peft_adapter
-from lorapool.testing.wait import wait_until
+from lorapool_dev.cluster import build
+from lorapool_dev.cluster.runtime import COMPONENTS
+from lorapool_dev.cluster.versions import binary
+from lorapool_dev.testing.peft import write_peft_adapter
+from lorapool_dev.testing.wait import wait_until
 
 pytestmark = pytest.mark.cluster
 

@@ -31,13 +31,13 @@ import pytest
 
 from lorapool.api.adapterset import AdapterSet
 from lorapool.api.report import ANNOTATION, SYNCED_CONDITION, Observations, encode
-from lorapool.cluster import LocalCluster
 from lorapool.podstatus import PodRef, api_server
 from lorapool.render import names
 from lorapool.sidecar.core import AdapterState, Phase, identity_of
 from lorapool.sidecar.podreport import replica_report, synced_condition
 from lorapool.sidecar.reporter import Reporter
-from lorapool.testing.wait import wait_until, wait_until_async
+from lorapool_dev.cluster import LocalCluster
+from lorapool_dev.testing.wait import wait_until, wait_until_async
 from tests.controller.conftest import OperatorProcess
 from tests.controller.test_operator import adapter_dir, apply, get, pool_doc
 

@@ -21,12 +21,12 @@ import pytest
 
 from lorapool.api.adapterset import DesiredAdapter
 from lorapool.api.report import ANNOTATION, SYNCED_CONDITION, encode
-from lorapool.cluster import LocalCluster
 from lorapool.podstatus import PodRef, api_server
 from lorapool.sidecar.core import AdapterState, Phase, identity_of
 from lorapool.sidecar.podreport import replica_report, synced_condition
 from lorapool.sidecar.reporter import Reporter
-from lorapool.testing.wait import wait_until, wait_until_async
+from lorapool_dev.cluster import LocalCluster
+from lorapool_dev.testing.wait import wait_until, wait_until_async
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 

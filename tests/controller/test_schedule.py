@@ -11,7 +11,7 @@ import pytest
 from lorapool.controller import schedule
 from lorapool.controller.schedule import DONE, QueueSettings, Result, Schedule, backoff_s
 from lorapool.controller.workqueue import WorkQueue
-from lorapool.testing.wait import wait_until_async
+from lorapool_dev.testing.wait import wait_until_async
 
 KEY = ("ml", "p")
 SETTINGS = QueueSettings(window_s=2.0, backoff_base_s=2.0, backoff_max_s=16.0, resync_s=60.0)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from lorapool.cluster import LocalCluster
-from lorapool.testing.wait import wait_until
+from lorapool_dev.cluster import LocalCluster
+from lorapool_dev.testing.wait import wait_until
 from tests.controller.conftest import OperatorProcess
 from tests.controller.test_operator import adapter_dir, apply, get, node_of, pool_doc, ready
 

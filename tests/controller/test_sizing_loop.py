@@ -13,8 +13,8 @@ import pytest
 
 from lorapool.api.clock import unix
 from lorapool.api.report import ANNOTATION, Observations, ReplicaReport, encode
-from lorapool.cluster import LocalCluster
-from lorapool.testing.wait import wait_until
+from lorapool_dev.cluster import LocalCluster
+from lorapool_dev.testing.wait import wait_until
 from tests.controller.conftest import OperatorProcess
 from tests.controller.test_operator import adapter_dir, apply, get, pool_doc, ready
 

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from lorapool.api.report import ANNOTATION, SYNCED_CONDITION, decode
-from lorapool.cluster import LocalCluster
-from lorapool.testing.fakekubelet import LocalEngines
-from lorapool.testing.wait import wait_until
+from lorapool_dev.cluster import LocalCluster
+from lorapool_dev.testing.fakekubelet import LocalEngines
+from lorapool_dev.testing.wait import wait_until
 from tests.controller.conftest import OperatorProcess
 from tests.controller.test_operator import BASE, adapter_dir, apply, condition, get, pool_doc, ready
 
@@ -175,8 +175,8 @@ def test_a_sidecar_that_may_not_report_says_why_and_keeps_serving(
     /status, counts it, backs off, and still loads adapters into its engine."""
     import urllib.request
 
-    from lorapool.testing.components import start_sidecar, start_sim
-    from lorapool.testing.projection import ConfigMapVolume
+    from lorapool_dev.testing.components import start_sidecar, start_sim
+    from lorapool_dev.testing.projection import ConfigMapVolume
 
     local_cluster.kubectl("create", "serviceaccount", "no-rights", "-n", ns)  # the router's may patch pods/status
     wrong = local_cluster.service_account_kubeconfig(ns, "no-rights", path=tmp_path / "no-rights.kubeconfig")

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from lorapool.testing.peft import write_peft_adapter
+from lorapool_dev.testing.peft import write_peft_adapter
 
 HERE = Path(__file__).parent
 REPO = HERE.parents[1]

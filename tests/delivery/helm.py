@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from lorapool.cache import cache_root
-from lorapool.cluster import build
-from lorapool.cluster.versions import binary
+from lorapool_dev.cluster import build
+from lorapool_dev.cluster.versions import binary
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "lorapool"

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from lorapool.cluster import LocalCluster
+from lorapool_dev.cluster import LocalCluster
 from tests.delivery.helm import CHART, helm
 
 pytestmark = pytest.mark.cluster

@@ -73,3 +73,32 @@ def test_bench_invocations_use_real_flags_scenarios_and_systems(words: list[str]
 def test_golden_variable_is_the_one_the_render_tests_read() -> None:
     assert "LORAPOOL_UPDATE_GOLDEN=1" in TEXT
     assert 'os.environ.get("LORAPOOL_UPDATE_GOLDEN")' in (REPO / "tests" / "render" / "test_render.py").read_text()
+
+
+def _layout_entries() -> dict[str, set[str]]:
+    """The Layout block's entries per package: ``{"operator/lorapool": {"api", "cli.py", ...}}``."""
+    (block,) = re.findall(r"## Layout\n.*?```text\n(.*?)```", TEXT, re.S)
+    entries: dict[str, set[str]] = {}
+    package = ""
+    for line in block.splitlines():
+        if not line.startswith(" "):
+            package = line.split()[0].rstrip("/")
+            entries[package] = set()
+            continue
+        names = line.strip().split("  ")[0].split()  # the names before the description's wide gap
+        entries[package] |= {n.rstrip("/") for n in names}
+    return entries
+
+
+def test_layout_lists_every_subpackage_and_module_of_both_packages() -> None:
+    """The Layout block and the tree agree: every subpackage and top-level module of lorapool and
+    lorapool_dev is listed, and every listed name exists."""
+    entries = _layout_entries()
+    assert set(entries) == {"operator/lorapool", "operator/lorapool_dev"}
+    for package, listed in entries.items():
+        root = REPO / package
+        tree = {p.name for p in root.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+        tree |= {p.name for p in root.glob("*.py") if p.name != "__init__.py"}
+        assert listed == tree, (
+            f"{package}: listed but absent {sorted(listed - tree)}, present but unlisted {sorted(tree - listed)}"
+        )

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from lorapool.testing.components import start_router, start_sidecar, start_sim
+from lorapool_dev.testing.components import start_router, start_sidecar, start_sim
 from tests.delivery.helm import CHART, helm
 
 DASHBOARD = CHART / "dashboards" / "lorapool.json"
@@ -49,8 +49,11 @@ def exported_names(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
 
     from prometheus_client import REGISTRY, generate_latest
 
+    # The operator's metrics live at module level in these three; imported here, not left to
+    # whichever test ran before (alone, this test once missed the work queue's).
     import lorapool.controller.kube
-    import lorapool.controller.reconcile  # noqa: F401  (the operator's metrics live at module level)
+    import lorapool.controller.reconcile
+    import lorapool.controller.workqueue  # noqa: F401
 
     def page(url: str) -> str:
         return urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()

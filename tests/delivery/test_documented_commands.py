@@ -238,10 +238,12 @@ def test_documented_command_runs(command: Documented, tmp_path: Path) -> None:
 def _sys_path_dirs() -> set[Path]:
     """Directories Python puts first on sys.path: the repository root and operator/ (``-m``,
     PYTHONPATH) and the directory of every script run by its path (``python bench/run.py``). The
-    package's own modules run with ``-m``, which puts the working directory there, not theirs."""
+    packages' own modules (lorapool, lorapool_dev) run with ``-m``, which puts the working
+    directory there, not theirs."""
     dirs = {REPO, REPO / "operator"}
+    packages = (REPO / "operator" / "lorapool", REPO / "operator" / "lorapool_dev")
     for path in REPO.rglob("*.py"):
-        if ".git" in path.parts or (REPO / "operator" / "lorapool") in path.parents:
+        if ".git" in path.parts or any(package in path.parents for package in packages):
             continue
         head = path.read_text(errors="replace")
         if head.startswith("#!") or re.search(r"^if __name__ == .__main__.:", head, re.M):

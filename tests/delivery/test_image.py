@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import lorapool
-from lorapool.image.recipe import dockerignore_admits
+from lorapool_dev.image.recipe import dockerignore_admits
 from tests.delivery.helm import REPO
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
@@ -132,6 +132,8 @@ def test_dockerignore_admits_the_wheel_inputs_and_the_shim_only(tmp_path: Path) 
     tops = {p.split("/")[0] for p in admitted}
     assert tops == {"pyproject.toml", "README.md", "operator", "e2e"}
     assert "e2e/vllm_shim.py" in admitted and "e2e/kind.sh" not in admitted
+    assert any(p.startswith("operator/lorapool/") for p in admitted)
+    assert not [p for p in admitted if p.startswith("operator/lorapool_dev/")], "the image carries no dev wing"
     assert not [p for p in admitted if "__pycache__" in p or p.endswith(".pyc") or ".egg-info/" in p]
     for copy in BY_NAME["build"].all("COPY"):
         for source in copy.split()[:-1]:
@@ -167,7 +169,7 @@ def test_wheel_has_every_module_the_data_files_and_the_console_script(wheel: Pat
     data = {f"lorapool/{p.relative_to(package).as_posix()}" for p in sources if p.suffix not in (".py", ".md", ".pyc")}
     assert modules <= names, sorted(modules - names)
     assert data <= names, f"runtime data missing from the wheel (add it to package-data): {sorted(data - names)}"
-    assert "lorapool/cluster/stages.yaml" in data
+    assert not [n for n in names if n.startswith("lorapool_dev/")], "the image's wheel carries no dev wing"
     entry_points = zipfile.ZipFile(wheel).read(f"lorapool-{lorapool.__version__}.dist-info/entry_points.txt").decode()
     ((script, target),) = PYPROJECT["project"]["scripts"].items()
     assert f"[console_scripts]\n{script} = {target}" in entry_points
@@ -192,15 +194,17 @@ def test_installed_wheel_runs_lorapool_and_finds_its_data(wheel: Path, tmp_path:
         [env_dir / "bin" / "lorapool", "--version"], capture_output=True, text=True, check=True, env=user_env
     )
     assert version.stdout.strip() == f"lorapool {lorapool.__version__}"
+    # The venv sees this interpreter's site-packages (the dependencies), where the editable install
+    # maps lorapool_dev too: what the wheel installed is read from its own record instead.
     probe = (
-        "import lorapool, importlib.resources as r; print(lorapool.__file__); "
-        "print(len(r.files('lorapool.cluster').joinpath('stages.yaml').read_text()))"
+        "import lorapool, importlib.metadata as m; print(lorapool.__file__); "
+        "print(sum(str(f).startswith('lorapool_dev') for f in m.distribution('lorapool').files or ()))"
     )
-    where, size = subprocess.run(
+    where, dev_files = subprocess.run(
         [python, "-c", probe], capture_output=True, text=True, check=True, cwd=tmp_path, env=user_env
     ).stdout.split()
     assert where.startswith(str(env_dir)), where
-    assert int(size) > 0
+    assert dev_files == "0", "the wheel built from the image's context installs no lorapool_dev"
     for command in ("operator", "router", "sidecar", "sim"):
         subprocess.run(
             [env_dir / "bin" / "lorapool", command, "--help"], capture_output=True, check=True, timeout=60, env=user_env
@@ -235,7 +239,7 @@ def closure(names: set[str]) -> set[str]:
     return seen
 
 
-DEV_TOOLING = ("lorapool.cluster", "lorapool.testing", "lorapool.dev", "lorapool.sim.loadgen", "lorapool.engine")
+DEV_TOOLING = ("lorapool_dev",)
 
 
 def test_runtime_dependencies_are_what_runtime_code_imports_and_dev_tooling_has_its_own() -> None:
@@ -245,7 +249,7 @@ def test_runtime_dependencies_are_what_runtime_code_imports_and_dev_tooling_has_
     and the picker's self-signed serving certificate."""
     import grimp
 
-    graph = grimp.build_graph("lorapool", include_external_packages=True)
+    graph = grimp.build_graph("lorapool", "lorapool_dev", include_external_packages=True)
     dists = {
         m: {d.lower().replace("_", "-") for d in ds} for m, ds in importlib_metadata.packages_distributions().items()
     }
@@ -280,6 +284,22 @@ def test_dev_commands_without_the_test_extra_say_which_extra_to_install(command:
     assert result.returncode == 1, result.stderr[-2000:]
     assert result.stderr.strip() == (
         f"error: lorapool {command[0]} needs the test extra: pip install 'lorapool[test]' (cryptography is not installed)"
+    )
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("command", [["dev", "--once"], ["cluster", "up"], ["engine", "--help"], ["image", "build"]])
+def test_dev_commands_without_the_dev_package_say_how_to_get_it(command: list[str], tmp_path: Path) -> None:
+    """Where lorapool_dev is absent (the image), every dev command stops before parsing its flags
+    (even --help needs its module) with how to get the dev wing; nothing is built or started."""
+    hide = "import sys; sys.modules['lorapool_dev'] = None; from lorapool.cli import main; sys.exit(main(sys.argv[1:]))"
+    result = subprocess.run(
+        [sys.executable, "-c", hide, *command], capture_output=True, text=True, timeout=60, cwd=tmp_path, check=False
+    )
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert result.stderr.strip() == (
+        f"error: lorapool {command[0]} is development tooling (the lorapool_dev package), which this install does"
+        " not carry (the image leaves it out): from a source checkout, pip install -e '.[test]'"
     )
     assert not list(tmp_path.iterdir())
 

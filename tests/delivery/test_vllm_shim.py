@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from lorapool.testing.peft import write_peft_adapter
-from lorapool.testing.processes import free_port, start_process
+from lorapool_dev.testing.peft import write_peft_adapter
+from lorapool_dev.testing.processes import free_port, start_process
 from tests.delivery.helm import REPO
 
 SHIM = REPO / "e2e" / "vllm_shim.py"

@@ -1,7 +1,7 @@
 """The e2e target: any cluster (LORAPOOL_E2E_KUBECONFIG), else the suite's real kubelet node, else
 the local control plane with KWOK nodes only.
 
-On a real cluster (kind via e2e/kind.sh, the suite's real node `lorapool.cluster.node`, or any
+On a real cluster (kind via e2e/kind.sh, the suite's real node `lorapool_dev.cluster.node`, or any
 cluster with the images) the chart's operator pods run and the engine pods run the simulator
 image. On the KWOK-only control plane (LORAPOOL_E2E_NODE=kwok, or where a real node cannot run
 and CI is unset) KWOK fakes the pods, so the chart-installed operator is run here as a local
@@ -29,10 +29,10 @@ import pytest
 
 import lorapool
 from lorapool.cache import cache_root
-from lorapool.cluster import LocalCluster, build
-from lorapool.cluster.node import RealNode, missing_prerequisites
-from lorapool.cluster.versions import binary
-from lorapool.image.recipe import TARGETS
+from lorapool_dev.cluster import LocalCluster, build
+from lorapool_dev.cluster.node import RealNode, missing_prerequisites
+from lorapool_dev.cluster.versions import binary
+from lorapool_dev.image.recipe import TARGETS
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,12 @@ import yaml
 
 from lorapool.api.models import DEFAULT_LORAPOOL_IMAGE
 from lorapool.api.vllm_versions import CPU_TIER
-from lorapool.testing.adapter_server import manifests as adapter_server_manifests
-from lorapool.testing.adapter_server import sources as adapter_sources
-from lorapool.testing.peft import write_peft_adapter
-from lorapool.testing.processes import free_port, start_process
-from lorapool.testing.scrape import metric_value, scrape
-from lorapool.testing.wait import wait_until
+from lorapool_dev.testing.adapter_server import manifests as adapter_server_manifests
+from lorapool_dev.testing.adapter_server import sources as adapter_sources
+from lorapool_dev.testing.peft import write_peft_adapter
+from lorapool_dev.testing.processes import free_port, start_process
+from lorapool_dev.testing.scrape import metric_value, scrape
+from lorapool_dev.testing.wait import wait_until
 from tests.controller.conftest import OperatorProcess
 from tests.delivery.helm import CHART, helm
 from tests.e2e.conftest import Target, built_image, keep

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from lorapool.cache import cache_root
-from lorapool.cluster import build
-from lorapool.cluster.runtime import COMPONENTS
-from lorapool.engine.fixtures import engine_or_skip
-from lorapool.engine.playground import stand_in_note, tiny_sources
+from lorapool_dev.cluster import build
+from lorapool_dev.cluster.runtime import COMPONENTS
+from lorapool_dev.engine.fixtures import engine_or_skip
+from lorapool_dev.engine.playground import stand_in_note, tiny_sources
 
 BASE = "meta-llama/Meta-Llama-3-8B-Instruct"  # examples/lorapool.yaml
 

@@ -1,4 +1,4 @@
-"""lorapool.engine without running vLLM: the install recipe, the stamp, the flags, the tiny model's files."""
+"""lorapool_dev.engine without running vLLM: the install recipe, the stamp, the flags, the tiny model's files."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from lorapool.api.vllm_versions import CPU_TIER, SUPPORTED, release_of
-from lorapool.engine import fixtures
-from lorapool.engine.install import (
+from lorapool_dev.engine import fixtures
+from lorapool_dev.engine.install import (
     STAMP,
     EngineInstall,
     engine_requirements,
@@ -21,8 +21,8 @@ from lorapool.engine.install import (
     find_engine,
     install_engine,
 )
-from lorapool.engine.server import ServeConfig, common_flags, engine_command, sim_argv, vllm_argv, vllm_env
-from lorapool.engine.tinymodel import (
+from lorapool_dev.engine.server import ServeConfig, common_flags, engine_command, sim_argv, vllm_argv, vllm_env
+from lorapool_dev.engine.tinymodel import (
     DEFAULT_SPEC,
     OTHER_SPEC,
     AdapterKind,
@@ -30,7 +30,7 @@ from lorapool.engine.tinymodel import (
     model_weights,
     write_tiny_adapter,
 )
-from lorapool.testing.peft import read_safetensors_header
+from lorapool_dev.testing.peft import read_safetensors_header
 
 METADATA = """\
 Metadata-Version: 2.1

@@ -1,4 +1,4 @@
-"""lorapool.engine.lora_cache without running vLLM: its log lines and list_loras answers, as 0.32 writes them."""
+"""lorapool_dev.engine.lora_cache without running vLLM: its log lines and list_loras answers, as 0.32 writes them."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from lorapool.engine.lora_cache import LoraEvent, LoraEventKind, cached_ids_of, lora_events
+from lorapool_dev.engine.lora_cache import LoraEvent, LoraEventKind, cached_ids_of, lora_events
 
 # Copied from a CPU-build vLLM 0.32 run with INSPECT_ENV: the re-load of an unloaded adapter.
 RELOAD_LOG = """\

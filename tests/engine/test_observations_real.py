@@ -25,14 +25,14 @@ from pathlib import Path
 import pytest
 
 from lorapool.api.vllm_metrics import family_of, parse_metrics
-from lorapool.engine.fixtures import engine_or_skip
-from lorapool.engine.replicas import replica_configs, start_engines, stop_engines
-from lorapool.engine.server import ServeConfig
-from lorapool.engine.tinymodel import ensure_tiny_model, write_tiny_adapter
 from lorapool.plan.sizing import MIN_SAMPLES, Action, SlotBounds, pool_evidence, recommend
 from lorapool.sidecar.observations import Sample, summarize
-from lorapool.testing.processes import ProcessError
-from lorapool.testing.scrape import latest_labels
+from lorapool_dev.engine.fixtures import engine_or_skip
+from lorapool_dev.engine.replicas import replica_configs, start_engines, stop_engines
+from lorapool_dev.engine.server import ServeConfig
+from lorapool_dev.engine.tinymodel import ensure_tiny_model, write_tiny_adapter
+from lorapool_dev.testing.processes import ProcessError
+from lorapool_dev.testing.scrape import latest_labels
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 

@@ -1,7 +1,7 @@
 """Envoy -> the endpoint picker (lorapool router --ext-proc-port) -> real vLLM (CPU build).
 
 One vLLM replica with two adapters preloaded; Envoy configured as the GIE protocol says
-(lorapool.testing.envoy, FULL_DUPLEX_STREAMED, TLS to the picker). The official openai client
+(lorapool_dev.testing.envoy, FULL_DUPLEX_STREAMED, TLS to the picker). The official openai client
 talks to Envoy only: plain and streamed completions, chat, an unknown adapter's 404.
 """
 
@@ -12,15 +12,15 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from lorapool.engine.fixtures import engine_or_skip
-from lorapool.engine.replicas import replica_configs, start_engines, stop_engines
-from lorapool.engine.server import ServeConfig
-from lorapool.engine.tinymodel import ensure_tiny_model, write_tiny_adapter
-from lorapool.testing.components import start_router
-from lorapool.testing.envoy import GatewayConfig, bootstrap, envoy_or_skip, start_envoy
-from lorapool.testing.processes import ProcessError, free_ports
-from lorapool.testing.scrape import metric_value, scrape
-from lorapool.testing.wait import wait_until
+from lorapool_dev.engine.fixtures import engine_or_skip
+from lorapool_dev.engine.replicas import replica_configs, start_engines, stop_engines
+from lorapool_dev.engine.server import ServeConfig
+from lorapool_dev.engine.tinymodel import ensure_tiny_model, write_tiny_adapter
+from lorapool_dev.testing.components import start_router
+from lorapool_dev.testing.envoy import GatewayConfig, bootstrap, envoy_or_skip, start_envoy
+from lorapool_dev.testing.processes import ProcessError, free_ports
+from lorapool_dev.testing.scrape import metric_value, scrape
+from lorapool_dev.testing.wait import wait_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(300)]
 

@@ -18,14 +18,14 @@ from dataclasses import dataclass
 import openai
 import pytest
 
-from lorapool.engine.fixtures import engine_or_skip
-from lorapool.engine.replicas import replica_configs, start_engines, stop_engines
-from lorapool.engine.server import ServeConfig
-from lorapool.engine.tinymodel import ensure_tiny_model, write_tiny_adapter
-from lorapool.testing.components import Component, start_router
-from lorapool.testing.processes import ProcessError
-from lorapool.testing.scrape import samples
-from lorapool.testing.wait import wait_until
+from lorapool_dev.engine.fixtures import engine_or_skip
+from lorapool_dev.engine.replicas import replica_configs, start_engines, stop_engines
+from lorapool_dev.engine.server import ServeConfig
+from lorapool_dev.engine.tinymodel import ensure_tiny_model, write_tiny_adapter
+from lorapool_dev.testing.components import Component, start_router
+from lorapool_dev.testing.processes import ProcessError
+from lorapool_dev.testing.scrape import samples
+from lorapool_dev.testing.wait import wait_until
 
 pytestmark = pytest.mark.engine
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from lorapool.engine.fixtures import engine_or_skip, started
-from lorapool.engine.server import ServeConfig, crash_engine, descendants
-from lorapool.engine.tinymodel import DEFAULT_SPEC, SPECIAL_TOKENS, ensure_tiny_model
-from lorapool.testing.processes import free_port
-from lorapool.testing.wait import wait_until
+from lorapool_dev.engine.fixtures import engine_or_skip, started
+from lorapool_dev.engine.server import ServeConfig, crash_engine, descendants
+from lorapool_dev.engine.tinymodel import DEFAULT_SPEC, SPECIAL_TOKENS, ensure_tiny_model
+from lorapool_dev.testing.processes import free_port
+from lorapool_dev.testing.wait import wait_until
 
 pytestmark = pytest.mark.engine
 

@@ -26,15 +26,15 @@ from typing import Any
 
 import pytest
 
-from lorapool.engine.fixtures import engine_or_skip
-from lorapool.engine.lora_cache import INSPECT_ENV, LoraEvent, LoraEventKind, fetch_cached_lora_ids, lora_events
-from lorapool.engine.server import ServeConfig, start_engine, stop_engine
-from lorapool.engine.tinymodel import ensure_tiny_model, write_tiny_adapter
-from lorapool.testing import http
-from lorapool.testing.components import Component, start_sidecar
-from lorapool.testing.processes import ProcessError, RunningProcess, free_port
-from lorapool.testing.scrape import samples
-from lorapool.testing.wait import wait_until
+from lorapool_dev.engine.fixtures import engine_or_skip
+from lorapool_dev.engine.lora_cache import INSPECT_ENV, LoraEvent, LoraEventKind, fetch_cached_lora_ids, lora_events
+from lorapool_dev.engine.server import ServeConfig, start_engine, stop_engine
+from lorapool_dev.engine.tinymodel import ensure_tiny_model, write_tiny_adapter
+from lorapool_dev.testing import http
+from lorapool_dev.testing.components import Component, start_sidecar
+from lorapool_dev.testing.processes import ProcessError, RunningProcess, free_port
+from lorapool_dev.testing.scrape import samples
+from lorapool_dev.testing.wait import wait_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(300)]
 

@@ -4,7 +4,7 @@ read-only root filesystem, HOME on a tmpfs.
 
 A cold run builds the base rootfs, the wheelhouse and both targets (minutes, see CONTRIBUTING.md
 "Images"); a warm run finds the archives by content key. Needs root (buildah, containerd); the
-Debian tools are installed when missing (`lorapool.image.build.install_tools`).
+Debian tools are installed when missing (`lorapool_dev.image.build.install_tools`).
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 
 import lorapool
-from lorapool.image.build import build_images
-from lorapool.image.containerd import Containerd, running_containerd
-from lorapool.image.recipe import TARGETS, Image
-from lorapool.testing.http import request
-from lorapool.testing.processes import free_port
-from lorapool.testing.wait import wait_until
+from lorapool_dev.image.build import build_images
+from lorapool_dev.image.containerd import Containerd, running_containerd
+from lorapool_dev.image.recipe import TARGETS, Image
+from lorapool_dev.testing.http import request
+from lorapool_dev.testing.processes import free_port
+from lorapool_dev.testing.wait import wait_until
 
 pytestmark = [
     pytest.mark.images,

@@ -7,7 +7,7 @@ from pathlib import Path, PurePath
 import pytest
 
 import lorapool
-from lorapool.image.recipe import (
+from lorapool_dev.image.recipe import (
     TARGETS,
     BaseSpec,
     BuildPlan,

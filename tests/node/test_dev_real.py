@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from lorapool.cluster.node_config import NODE_NAME
-from lorapool.cluster.pytest_plugin import require_real_node
+from lorapool_dev.cluster.node_config import NODE_NAME
+from lorapool_dev.cluster.pytest_plugin import require_real_node
 
 pytestmark = [pytest.mark.node, pytest.mark.slow]
 

@@ -1,4 +1,4 @@
-"""The real node (lorapool.cluster.node): a kubelet that runs our images as pods, reached from the
+"""The real node (lorapool_dev.cluster.node): a kubelet that runs our images as pods, reached from the
 root namespace only through kubectl, and a teardown that leaves this machine as it found it.
 
 Marker `node`: root, containerd and runc; skips with the reason locally, fails under CI.
@@ -15,13 +15,13 @@ import pytest
 import yaml
 
 import lorapool
-from lorapool.cluster import node_config
-from lorapool.cluster.node import RealNode, mounts_under, read_sysctls
-from lorapool.cluster.node_config import NODE_NAME
-from lorapool.cluster.pytest_plugin import require_real_node
-from lorapool.image.recipe import TARGETS
-from lorapool.testing.http import request
-from lorapool.testing.wait import wait_until
+from lorapool_dev.cluster import node_config
+from lorapool_dev.cluster.node import RealNode, mounts_under, read_sysctls
+from lorapool_dev.cluster.node_config import NODE_NAME
+from lorapool_dev.cluster.pytest_plugin import require_real_node
+from lorapool_dev.image.recipe import TARGETS
+from lorapool_dev.testing.http import request
+from lorapool_dev.testing.wait import wait_until
 
 pytestmark = [pytest.mark.node, pytest.mark.slow]
 

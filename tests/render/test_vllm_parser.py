@@ -2,7 +2,7 @@
 
 The engine args of a set of pools (the README example and extremes: rank 512, tensor-parallel 4,
 a 40 GB GPU, target modules and an extra flag) go through each release's ``make_arg_parser``
-(the PyPI ``vllm`` wheel, ``lorapool.engine.parsers``) and vLLM's ``LoRAConfig``; what the parser
+(the PyPI ``vllm`` wheel, ``lorapool_dev.engine.parsers``) and vLLM's ``LoRAConfig``; what the parser
 read must be what the plan says. Two broken argvs prove the parser is vLLM's and strict. One
 parser run per release (~13 s: ``import vllm``) serves every pool.
 """
@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from lorapool.api.vllm_versions import SUPPORTED
-from lorapool.engine.fixtures import parser_or_skip
-from lorapool.engine.parsers import parse_argvs
+from lorapool_dev.engine.fixtures import parser_or_skip
+from lorapool_dev.engine.parsers import parse_argvs
 from tests.conftest import EXAMPLE
 from tests.render.test_render import by_kind, render
 

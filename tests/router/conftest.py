@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from lorapool.api.common import RouterPolicy
-from lorapool.testing.components import start_router as start_router_process
-from lorapool.testing.components import start_sim as start_sim_process
-from lorapool.testing.peft import write_peft_adapter
-from lorapool.testing.processes import RunningProcess
+from lorapool_dev.testing.components import start_router as start_router_process
+from lorapool_dev.testing.components import start_sim as start_sim_process
+from lorapool_dev.testing.peft import write_peft_adapter
+from lorapool_dev.testing.processes import RunningProcess
 
 ADAPTERS = ("sql", "chat", "code", "math")
 BASE = "meta-llama/Meta-Llama-3-8B-Instruct"

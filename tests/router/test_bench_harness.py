@@ -88,7 +88,7 @@ def test_the_pickers_floors_proxy_every_request(start_sim: StartSim, kind: str) 
     """Envoy alone and Envoy with the policy-free ext_proc server (the overhead cell's floors under
     the picker) answer streamed requests through a real Envoy, every token relayed."""
     from bench.systems import System
-    from lorapool.testing.envoy import envoy_or_skip
+    from lorapool_dev.testing.envoy import envoy_or_skip
 
     envoy_or_skip()
     plan = [

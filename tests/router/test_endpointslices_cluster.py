@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from lorapool.cluster import LocalCluster
-from lorapool.cluster.pytest_plugin import CLUSTER_START_S
 from lorapool.router.endpointslices import EndpointSliceWatch
+from lorapool_dev.cluster import LocalCluster
+from lorapool_dev.cluster.pytest_plugin import CLUSTER_START_S
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(CLUSTER_START_S + 90)]
 

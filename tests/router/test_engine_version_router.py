@@ -11,9 +11,9 @@ import time
 import pytest
 from aiohttp import web
 
-from lorapool.testing.scrape import samples, scrape
-from lorapool.testing.threaded_app import serve_app
-from lorapool.testing.wait import wait_until
+from lorapool_dev.testing.scrape import samples, scrape
+from lorapool_dev.testing.threaded_app import serve_app
+from lorapool_dev.testing.wait import wait_until
 
 from .conftest import StartRouter
 

@@ -1,6 +1,6 @@
 """The endpoint picker behind a real Envoy: client -> Envoy (ext_proc -> lorapool router) -> simulators.
 
-Envoy is configured only as the GIE endpoint picker protocol says (lorapool.testing.envoy): an
+Envoy is configured only as the GIE endpoint picker protocol says (lorapool_dev.testing.envoy): an
 ext_proc filter asks the picker, an ORIGINAL_DST cluster goes where x-gateway-destination-endpoint
 says. Each test starts its own simulators, router (HTTP port and --ext-proc-port) and Envoy.
 """
@@ -22,11 +22,19 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lorapool.router.picker.tls import self_signed
-from lorapool.testing.envoy import BodyMode, Envoy, FailureMode, GatewayConfig, bootstrap, envoy_or_skip, start_envoy
-from lorapool.testing.processes import free_port, free_ports
-from lorapool.testing.scrape import metric_value as metric
-from lorapool.testing.scrape import scrape
-from lorapool.testing.wait import wait_until
+from lorapool_dev.testing.envoy import (
+    BodyMode,
+    Envoy,
+    FailureMode,
+    GatewayConfig,
+    bootstrap,
+    envoy_or_skip,
+    start_envoy,
+)
+from lorapool_dev.testing.processes import free_port, free_ports
+from lorapool_dev.testing.scrape import metric_value as metric
+from lorapool_dev.testing.scrape import scrape
+from lorapool_dev.testing.wait import wait_until
 
 from .conftest import BASE, StartRouter, StartSim
 from .test_router_process import client, counted, post

@@ -18,9 +18,9 @@ from urllib.parse import urlparse
 
 import pytest
 
-from lorapool.testing.scrape import metric_value as metric
-from lorapool.testing.scrape import scrape
-from lorapool.testing.wait import wait_until
+from lorapool_dev.testing.scrape import metric_value as metric
+from lorapool_dev.testing.scrape import scrape
+from lorapool_dev.testing.wait import wait_until
 
 from .conftest import BASE, StartRouter, StartSim
 from .test_router_process import client

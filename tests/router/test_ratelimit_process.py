@@ -12,10 +12,10 @@ import openai
 import pytest
 
 from lorapool.api.traffic import AdapterTraffic, RateLimits, TrafficPolicy
-from lorapool.testing.processes import free_port
-from lorapool.testing.scrape import metric_value as metric
-from lorapool.testing.scrape import scrape
-from lorapool.testing.wait import wait_until
+from lorapool_dev.testing.processes import free_port
+from lorapool_dev.testing.scrape import metric_value as metric
+from lorapool_dev.testing.scrape import scrape
+from lorapool_dev.testing.wait import wait_until
 
 from .conftest import StartRouter, StartSim
 from .test_router_process import client, post

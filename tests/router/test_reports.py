@@ -23,7 +23,7 @@ from lorapool.router.podreports import parse_backend_pod, parse_pods_target
 from lorapool.router.scheduler import Lease, Refused, Scheduler
 from lorapool.router.settings import RouterSettings
 from lorapool.router.telemetry import Telemetry
-from lorapool.testing.wait import wait_until_async
+from lorapool_dev.testing.wait import wait_until_async
 
 NEW, OLD = "aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb"
 RANK_ERROR = "Call to add_lora method failed: LoRA rank 64 is greater than max_lora_rank 16."

@@ -25,15 +25,15 @@ import pytest
 
 from lorapool.api.report import ANNOTATION, AdapterReport, ReplicaReport, encode
 from lorapool.api.report import ReplicaPhase as P
-from lorapool.cluster import LocalCluster
-from lorapool.cluster.pytest_plugin import CLUSTER_START_S
 from lorapool.render import names
-from lorapool.testing.accounts import bare_pool, create_accounts
-from lorapool.testing.components import router_argv
-from lorapool.testing.processes import RunningProcess, free_port, start_process
-from lorapool.testing.scrape import metric_value as metric
-from lorapool.testing.scrape import scrape
-from lorapool.testing.wait import wait_until
+from lorapool_dev.cluster import LocalCluster
+from lorapool_dev.cluster.pytest_plugin import CLUSTER_START_S
+from lorapool_dev.testing.accounts import bare_pool, create_accounts
+from lorapool_dev.testing.components import router_argv
+from lorapool_dev.testing.processes import RunningProcess, free_port, start_process
+from lorapool_dev.testing.scrape import metric_value as metric
+from lorapool_dev.testing.scrape import scrape
+from lorapool_dev.testing.wait import wait_until
 
 from .conftest import StartSim
 from .test_router_process import client, post

@@ -21,12 +21,12 @@ import openai
 import pytest
 
 from lorapool.api.requests import ANNOTATION, RequestWindow, pod_requests
-from lorapool.cluster import LocalCluster
-from lorapool.cluster.pytest_plugin import CLUSTER_START_S
 from lorapool.render import names
-from lorapool.testing.accounts import bare_pool, create_accounts
-from lorapool.testing.components import start_router
-from lorapool.testing.wait import wait_until
+from lorapool_dev.cluster import LocalCluster
+from lorapool_dev.cluster.pytest_plugin import CLUSTER_START_S
+from lorapool_dev.testing.accounts import bare_pool, create_accounts
+from lorapool_dev.testing.components import start_router
+from lorapool_dev.testing.wait import wait_until
 
 from .conftest import StartSim
 

@@ -15,7 +15,7 @@ import pytest
 
 from lorapool.api.requests import RequestWindow, decode
 from lorapool.router.cli import configure, settings_from
-from lorapool.testing.wait import wait_until
+from lorapool_dev.testing.wait import wait_until
 
 from .conftest import BASE, StartRouter, StartSim
 

@@ -13,10 +13,10 @@ import openai
 import pytest
 
 from lorapool.api.common import RouterPolicy
-from lorapool.testing.processes import free_port
-from lorapool.testing.scrape import metric_value as metric
-from lorapool.testing.scrape import scrape
-from lorapool.testing.wait import wait_until
+from lorapool_dev.testing.processes import free_port
+from lorapool_dev.testing.scrape import metric_value as metric
+from lorapool_dev.testing.scrape import scrape
+from lorapool_dev.testing.wait import wait_until
 
 from .conftest import BASE, StartRouter, StartSim
 from .test_requests_process import Windows

@@ -18,7 +18,7 @@ from lorapool.router.core.ratelimit import Allow
 from lorapool.router.scheduler import Lease, Scheduler
 from lorapool.router.settings import RouterSettings
 from lorapool.router.telemetry import Telemetry
-from lorapool.testing.wait import wait_until_async
+from lorapool_dev.testing.wait import wait_until_async
 
 
 def pool(*, fair: bool, max_inflight: int = 1, max_prefilling: int = 0) -> Scheduler:

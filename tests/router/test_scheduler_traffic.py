@@ -14,7 +14,7 @@ from lorapool.router.core.admission import RefusalReason
 from lorapool.router.scheduler import Lease, Refused, Scheduler
 from lorapool.router.settings import RouterSettings
 from lorapool.router.telemetry import Telemetry
-from lorapool.testing.wait import wait_until_async
+from lorapool_dev.testing.wait import wait_until_async
 
 
 def test_request_for_carries_the_adapters_priority() -> None:

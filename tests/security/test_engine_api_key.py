@@ -23,12 +23,12 @@ import pytest
 from aiohttp import web
 
 from lorapool.render.names import ENGINE_API_KEY_ENV
-from lorapool.testing.components import Component, router_argv, sidecar_argv, start_sim
-from lorapool.testing.envoy import GatewayConfig, bootstrap, envoy_or_skip, start_envoy
-from lorapool.testing.peft import write_peft_adapter
-from lorapool.testing.processes import free_port, free_ports, start_process
-from lorapool.testing.threaded_app import serve_app
-from lorapool.testing.wait import wait_until
+from lorapool_dev.testing.components import Component, router_argv, sidecar_argv, start_sim
+from lorapool_dev.testing.envoy import GatewayConfig, bootstrap, envoy_or_skip, start_envoy
+from lorapool_dev.testing.peft import write_peft_adapter
+from lorapool_dev.testing.processes import free_port, free_ports, start_process
+from lorapool_dev.testing.threaded_app import serve_app
+from lorapool_dev.testing.wait import wait_until
 
 BASE = "meta-llama/Meta-Llama-3-8B-Instruct"
 KEY = "engine-secret-1"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lorapool.testing.processes import RunningProcess, free_port
+from lorapool_dev.testing.processes import RunningProcess, free_port
 
 # Helpers live beside the tests; the loopback file server is shared with tests/sources.
 sys.path.insert(0, str(Path(__file__).parent))

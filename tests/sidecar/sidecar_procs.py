@@ -8,11 +8,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from lorapool.testing.components import start_sidecar as start_sidecar_process
-from lorapool.testing.components import start_sim as start_sim_process
-from lorapool.testing.processes import RunningProcess
-from lorapool.testing.scrape import samples
-from lorapool.testing.wait import WaitTimeout, wait_until
+from lorapool_dev.testing.components import start_sidecar as start_sidecar_process
+from lorapool_dev.testing.components import start_sim as start_sim_process
+from lorapool_dev.testing.processes import RunningProcess
+from lorapool_dev.testing.scrape import samples
+from lorapool_dev.testing.wait import WaitTimeout, wait_until
 
 BASE_MODEL = "meta-llama/Meta-Llama-3-8B-Instruct"
 

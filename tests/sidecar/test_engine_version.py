@@ -11,8 +11,8 @@ from aiohttp import web
 
 from lorapool.api.vllm_versions import CPU_TIER
 from lorapool.sidecar.reporter import Observer
-from lorapool.testing.components import start_sim
-from lorapool.testing.threaded_app import serve_app
+from lorapool_dev.testing.components import start_sim
+from lorapool_dev.testing.threaded_app import serve_app
 
 pytestmark = pytest.mark.timeout(60)
 

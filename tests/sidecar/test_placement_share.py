@@ -20,9 +20,9 @@ from sidecar_procs import NOT_YET, ConfigMapDir, Sidecar, adapter_set, engine_ad
 from lorapool.api.adapterset import AdapterSet
 from lorapool.plan.placement import place, shares
 from lorapool.sidecar.config import parse_slot
-from lorapool.testing.peft import write_peft_adapter
-from lorapool.testing.processes import free_port
-from lorapool.testing.wait import wait_until
+from lorapool_dev.testing.peft import write_peft_adapter
+from lorapool_dev.testing.processes import free_port
+from lorapool_dev.testing.wait import wait_until
 
 NAMES = [f"team-{i}" for i in range(8)]
 

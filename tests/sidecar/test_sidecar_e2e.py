@@ -29,10 +29,10 @@ from sidecar_procs import (
 )
 from source_helpers import make_tar, tar_of_dir
 
-from lorapool.testing.components import start_sim as start_sim_process
-from lorapool.testing.peft import write_peft_adapter
-from lorapool.testing.processes import RunningProcess
-from lorapool.testing.wait import wait_until
+from lorapool_dev.testing.components import start_sim as start_sim_process
+from lorapool_dev.testing.peft import write_peft_adapter
+from lorapool_dev.testing.processes import RunningProcess
+from lorapool_dev.testing.wait import wait_until
 
 pytestmark = pytest.mark.slow
 

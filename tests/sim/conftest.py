@@ -11,10 +11,10 @@ from typing import Any
 import openai
 import pytest
 
-from lorapool.testing import http
-from lorapool.testing.components import start_sim as start_sim_process
-from lorapool.testing.peft import write_peft_adapter
-from lorapool.testing.processes import RunningProcess
+from lorapool_dev.testing import http
+from lorapool_dev.testing.components import start_sim as start_sim_process
+from lorapool_dev.testing.peft import write_peft_adapter
+from lorapool_dev.testing.processes import RunningProcess
 
 
 @dataclass

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from lorapool.sim.adapters import AdapterLoadError, read_adapter
-from lorapool.testing.peft import write_peft_adapter
+from lorapool_dev.testing.peft import write_peft_adapter
 
 
 def _truncate(path: Path) -> None:

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from lorapool.sim.timing import TimingParams
-from lorapool.testing.scrape import Samples, latest_labels, metric_value
-from lorapool.testing.scrape import samples as parse_samples
-from lorapool.testing.wait import wait_until
+from lorapool_dev.testing.scrape import Samples, latest_labels, metric_value
+from lorapool_dev.testing.scrape import samples as parse_samples
+from lorapool_dev.testing.wait import wait_until
 from tests.sim.conftest import Sim, StartSim
 
 BASE = "meta-llama/Meta-Llama-3-8B-Instruct"

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from lorapool.testing.scrape import metric_value
+from lorapool_dev.testing.scrape import metric_value
 from tests.sim.conftest import Sim, StartSim
 
 LOAD = "/v1/load_lora_adapter"

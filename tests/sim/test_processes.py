@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lorapool.testing.processes import ProcessError, free_port, start_process
+from lorapool_dev.testing.processes import ProcessError, free_port, start_process
 
 
 def test_a_process_that_dies_early_reports_its_output() -> None:

@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from lorapool.sim.loadgen import run_load
+from lorapool_dev.sim.loadgen import run_load
 from tests.sim.conftest import Sim, StartSim
 
 pytestmark = pytest.mark.slow

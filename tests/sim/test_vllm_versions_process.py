@@ -13,7 +13,7 @@ import pytest
 
 from lorapool.api.vllm_metrics import parse_metrics
 from lorapool.api.vllm_versions import SUPPORTED, VllmRelease
-from lorapool.testing.scrape import metric_value
+from lorapool_dev.testing.scrape import metric_value
 from tests.sim.conftest import Sim, StartSim
 
 LOAD = "/v1/load_lora_adapter"

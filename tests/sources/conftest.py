@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lorapool.testing.peft import write_peft_adapter
+from lorapool_dev.testing.peft import write_peft_adapter
 
 # Test helpers live beside this file; tests are not a package (importlib mode adds no path).
 sys.path.insert(0, str(Path(__file__).parent))

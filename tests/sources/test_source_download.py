@@ -13,7 +13,7 @@ from source_helpers import make_tar, tar_of_dir, zip_of_dir
 
 from lorapool.errors import AdapterError, SourceError, UnsafePathError
 from lorapool.sources import AdapterStore, Downloader, Limits, SourceOptions
-from lorapool.testing.peft import write_peft_adapter
+from lorapool_dev.testing.peft import write_peft_adapter
 
 
 def _sha(path: Path) -> str:

@@ -1,4 +1,4 @@
-"""lorapool.testing.envoy's bootstrap: a pure function of the gateway's settings (Envoy itself runs in
+"""lorapool_dev.testing.envoy's bootstrap: a pure function of the gateway's settings (Envoy itself runs in
 tests/router/test_extproc_envoy.py)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from lorapool.testing.envoy import (
+from lorapool_dev.testing.envoy import (
     FALLBACK_CLUSTER,
     PICKER_CLUSTER,
     POOL_CLUSTER,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 pytest_plugins = ["pytester"]
-ARGS = ("-p", "lorapool.testing.leaks", "-p", "no:cacheprovider", "-q")
+ARGS = ("-p", "lorapool_dev.testing.leaks", "-p", "no:cacheprovider", "-q")
 
 
 def test_a_thread_that_outlives_its_test_is_a_teardown_error(pytester: pytest.Pytester) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lorapool.testing.tiers import BY_NAME, TIMES_ENV, TOTAL_COLD_S, Measured, table, tier_of, verdict
+from lorapool_dev.testing.tiers import BY_NAME, TIMES_ENV, TOTAL_COLD_S, Measured, table, tier_of, verdict
 
 
 @pytest.mark.parametrize(
@@ -67,7 +67,17 @@ def test_the_plugin_records_each_tier(tmp_path: Path) -> None:
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    cluster: x\n")
     times = tmp_path / "times.json"
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "lorapool.testing.tiers", "-p", "no:cacheprovider", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "lorapool_dev.testing.tiers",
+            "-p",
+            "no:cacheprovider",
+            str(tmp_path),
+        ],
         cwd=tmp_path,
         env={**os.environ, TIMES_ENV: str(times)},
         capture_output=True,

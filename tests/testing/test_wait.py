@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from lorapool.testing.wait import WaitTimeout, wait_until, wait_until_async
+from lorapool_dev.testing.wait import WaitTimeout, wait_until, wait_until_async
 
 
 def test_returns_the_first_truthy_value() -> None:

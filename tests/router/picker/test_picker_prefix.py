@@ -17,10 +17,10 @@ import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 
-from lorapool.testing.processes import free_port
-from lorapool.testing.scrape import metric_value as metric
-from lorapool.testing.scrape import scrape
-from lorapool.testing.wait import wait_until
+from lorapool_dev.testing.processes import free_port
+from lorapool_dev.testing.scrape import metric_value as metric
+from lorapool_dev.testing.scrape import scrape
+from lorapool_dev.testing.wait import wait_until
 
 from ..conftest import BASE, StartRouter, StartSim
 from ..test_prefix_process import QUESTION, SYSTEM, Holders, Opened

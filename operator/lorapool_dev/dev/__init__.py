@@ -1,0 +1,1 @@
+"""The local playground: `lorapool dev` (playground), its real-node variant (node) and its gateway variant (gateway)."""
