@@ -37,7 +37,7 @@ from typing import Any
 from bench.loadgen import Outcome, RunResult, run_open_loop, schedule
 from bench.scenarios import LORAPOOL_AFFINITY, LORAPOOL_ROUND_ROBIN, SCENARIOS, SYSTEMS, Scenario
 from bench.systems import System, start_replica, write_adapters
-from lorapool.testing.components import Component
+from lorapool_dev.testing.components import Component
 
 RESULTS_FILE = "chaos.json"
 REQUESTS_FILE = "chaos_requests.json"
@@ -286,14 +286,14 @@ def summarize(
 
 # --- shell: processes and the run ---------------------------------------------------------------
 def _victim_sample(page: str, victim: str) -> tuple[bool, float]:
-    from lorapool.testing.scrape import metric_value
+    from lorapool_dev.testing.scrape import metric_value
 
     up = metric_value(page, "lorapool_router_backend_up", backend=victim)
     return up > 0, metric_value(page, "lorapool_router_backend_inflight", backend=victim)
 
 
 def _counters(page: str) -> dict[str, float]:
-    from lorapool.testing.scrape import samples
+    from lorapool_dev.testing.scrape import samples
 
     found = samples(page)
     out = {f"retries {labels.get('reason', '')}": v for labels, v in found.get("lorapool_router_retries_total", [])}
@@ -304,7 +304,7 @@ def _counters(page: str) -> dict[str, float]:
 async def _drive(
     url: str, victim: Component, restart: Callable[[], Component], scale: float
 ) -> tuple[RunResult, int, dict[str, float | None], list[dict[str, Any]], dict[str, float]]:
-    from lorapool.testing.scrape import scrape
+    from lorapool_dev.testing.scrape import scrape
 
     plan = [dataclasses.replace(p, at_s=p.at_s * scale) for p in schedule(SCENARIO.workload)]
     t0 = time.perf_counter()  # run_open_loop's own t0 is taken within a millisecond of this
@@ -458,13 +458,27 @@ def _of(n: int, total: int) -> str:
 
 
 def section(data: Mapping[str, Any] | None, plots_dir: str = "results") -> list[str]:
-    """RESULTS.md's chaos section from a chaos.json's content; nothing when it was never measured. Pure."""
+    """RESULTS.md's chaos section from a chaos.json's content; nothing when it was never measured. Pure.
+
+    Read by ``bench.report.render``: 1. what was run, 2. every request by how it ended, 3. the
+    goodput dip and recovery, 4. the router's side, 5. the plot."""
     if not data:
         return []
-    p, sc = data["params"], data["scenario"]
-    scale = sc["fleet"]["time_scale"]
     runs = [r for r in data["runs"] if "error" not in r]
-    loads = "; ".join(
+    return [
+        *_setup(data, runs),
+        *_accounting_table(data),
+        *_dip_table(data, runs),
+        *_router_table(data["params"], runs),
+        "",
+        f"![{PLOT_FILE}]({plots_dir}/{PLOT_FILE})",
+        "",
+    ]
+
+
+def _loads(runs: Sequence[Mapping[str, Any]]) -> str:
+    """Each run's load average (1 min) at its start and end, its highest sample and its late sends."""
+    return "; ".join(
         f"{r['system']} {r['loadavg_1m']['start']:.1f} to {r['loadavg_1m']['end']:.1f}"
         + (
             f", at most {m:.1f}"
@@ -474,19 +488,30 @@ def section(data: Mapping[str, Any] | None, plots_dir: str = "results") -> list[
         + (f" ({r['late_sends']} requests sent > 5 ms late)" if "late_sends" in r else "")
         for r in runs
     )
-    band = f"{100 * p['band']:.0f} %"
-    lines = [
+
+
+def _setup(data: Mapping[str, Any], runs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The heading, the command and machine, and what the cell does (scenario, kill, restart)."""
+    p, sc = data["params"], data["scenario"]
+    scale = sc["fleet"]["time_scale"]
+    return [
         "## Chaos: a replica killed and restarted (regime a)",
         "",
-        f"`{data['command']}` on {data['date']} ({data['machine']}; load average (1 min) over each run: {loads}).",
+        f"`{data['command']}` on {data['date']} ({data['machine']}; load average (1 min) over each run: {_loads(runs)}).",
         f"Scenario {sc['about']}: {sc['workload']['duration_s']:g} s of arrivals, `--time-scale {scale:g}`"
         f" ({scale:g} wall seconds per simulated second; every time below is simulated). Replica {p['victim']}'s"
         f" `lorapool sim` process gets SIGKILL at {p['kill_at_s']:g} s (the bench runs no sidecar, so this is"
         f" what a pod crash kills) and the same command starts on the same port {p['outage_s']:g} s later, cold;"
         " the load generator keeps its open-loop schedule. Each system on fresh replicas, the same schedule.",
         "",
+    ]
+
+
+def _accounting_table(data: Mapping[str, Any]) -> list[str]:
+    """Every request sent by how it ended, one row per system (a failed run shows its error)."""
+    lines = [
         "Every request sent, by how it ended (a request with neither an answer nor an error within its"
-        f" timeout, {p['drain_s']:g} s after the last arrival at the least, or whose stream stopped without"
+        f" timeout, {data['params']['drain_s']:g} s after the last arrival at the least, or whose stream stopped without"
         " `[DONE]` or an error event, has vanished):",
         "",
         "| system | planned | sent | answered | errored | errors by kind | vanished |",
@@ -503,7 +528,14 @@ def section(data: Mapping[str, Any] | None, plots_dir: str = "results") -> list[
             f"| {r['system']} | {a['planned']} | {a['sent']} | {a['answered']} | {a['errored']} | {kinds}"
             f" | {a['vanished']}{f' ({gone})' if gone else ''} |"
         )
-    lines += [
+    return lines
+
+
+def _dip_table(data: Mapping[str, Any], runs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """How goodput share, dip and recovery are read, then one row per system that ran."""
+    p, sc = data["params"], data["scenario"]
+    band = f"{100 * p['band']:.0f} %"
+    lines = [
         "",
         f"Goodput share = requests answered within the {sc['slo_ttft_s']:g} s TTFT SLO / requests sent, per"
         f" {p['bin_s']:g} s bin of send time (over offered load, so the Poisson noise of arrivals drops out)."
@@ -528,7 +560,12 @@ def section(data: Mapping[str, Any] | None, plots_dir: str = "results") -> list[
             f" ({d['depth_pct']:.0f} % below the level) | {_s(d['below_s'], 0)}"
             f" | {_s(e['restart_s'])}, {_s(e['ready_s'])} | {_s(d['recovered_at_s'], 0)} | {_s(d['recovery_s'])} |"
         )
-    lines += [
+    return lines
+
+
+def _router_table(p: Mapping[str, Any], runs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The router's view of the victim (rotation, retries, cut responses, its part of the requests)."""
+    lines = [
         "",
         f"The router's side, from its /metrics (read every {p['watch_every_s']:g} s) and the `X-Lorapool-Backend`"
         " header of each answer: when the victim left rotation after the kill and came back after its"
@@ -550,7 +587,7 @@ def section(data: Mapping[str, Any] | None, plots_dir: str = "results") -> list[
             f" | {retries or 'none'} | {c.get('upstream failures', 0):.0f} | {_of(b['victim'], b['sent'])}"
             f" | {_of(a['victim'], a['sent'])} | {share} |"
         )
-    return [*lines, "", f"![{PLOT_FILE}]({plots_dir}/{PLOT_FILE})", ""]
+    return lines
 
 
 def _ratio(a: float, b: float) -> float | None:

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import results
-from bench.loadgen import Outcome, Planned, Workload, adapter_name, percentile, schedule
+from bench.loadgen import Outcome, Planned, RunResult, Workload, adapter_name, percentile, schedule
 from bench.scenarios import ENVOY_PICKER, LORAPOOL_AFFINITY, LORAPOOL_PLACEMENT
 from bench.systems import FleetSpec, System, started_in_parallel
 from lorapool.api import requests as router_requests
@@ -52,7 +52,7 @@ from lorapool.api.models import LoRAPool
 from lorapool.api.pods import engine_pods, router_pods
 from lorapool.api.report import ANNOTATION, Observations, ReplicaReport, encode
 from lorapool.api.requests import RequestWindow
-from lorapool.controller.holders import decide_placement, observed_load, scaling_rule
+from lorapool.plan.holders import decide_placement, observed_load, scaling_rule
 from lorapool.plan.placement import KState, shares
 from lorapool.sidecar.observations import Window, parse_sample
 
@@ -435,7 +435,7 @@ async def _measure(
 
 def scrape_sims(urls: Sequence[str]) -> dict[str, float]:
     """The replicas' LoRA loads by source and stall seconds, summed (as ``bench.run`` reads them)."""
-    from lorapool.testing.scrape import metric_value, samples, scrape
+    from lorapool_dev.testing.scrape import metric_value, samples, scrape
 
     totals: dict[str, float] = {"cpu": 0.0, "disk": 0.0, "stall_s": 0.0}
     for url in urls:
@@ -450,40 +450,70 @@ DRAIN_S = 10.0  # simulated seconds after the last arrival before unfinished req
 
 
 def _router_retries(url: str) -> dict[str, float]:
-    from lorapool.testing.scrape import samples, scrape
+    from lorapool_dev.testing.scrape import samples, scrape
 
     return {labels.get("reason", ""): v for labels, v in samples(scrape(url)).get("lorapool_router_retries_total", [])}
 
 
 def run_cell(s: CatalogScenario, system: System, adapter_root: Path) -> dict[str, Any]:
-    """One system on the scenario, with fresh replicas (every adapter registered on each)."""
-    from bench.loadgen import summarize
+    """One system on the scenario, with fresh replicas (every adapter registered on each).
+
+    Called by ``run`` and ``main``: 1. the shifted schedule, 2. the fleet (placement's shared one,
+    with its loop) and the system in front of it, 3. the open loop, 4. the cell's summary."""
     from bench.systems import sim_fleet, write_adapters
 
     scale = s.fleet.time_scale
     started = time.monotonic()
     plan = shifted_schedule(s.workload, s.shift_at_s, s.shift_seed)
-    hot_before = hottest(plan, 0.0, s.shift_at_s)
-    hot_after = hottest(plan, s.shift_at_s)
     paths = {name: str(path) for name, path in write_adapters(adapter_root, s.fleet.adapters)}
     loop: PlacementLoop | None = None
     initial: dict[str, tuple[str, ...]] = {}
     with ExitStack() as stack:
         if system.name == PLACEMENT:
-            ids = [str(i) for i in range(s.fleet.replicas)]
-            loop = PlacementLoop(
-                bench_pool(s.fleet.replicas, s.fleet.max_cpu_loras), paths, scale, s.window_s, s.sample_s
-            )
-            initial = loop.initial()
-            sims = stack.enter_context(share_fleet(s.fleet, paths, shares(initial, ids)))
-            loop.replicas = dict(zip(ids, sims, strict=True))
-            # the router counts requests per adapter over the loop's window (wall seconds), as the operator reads them
-            system = dataclasses.replace(system, args=(*system.args, "--requests-window-s", f"{s.window_s * scale:g}"))
+            loop, initial, sims, system = _placement_fleet(stack, s, system, paths)
         else:
             sims = stack.enter_context(sim_fleet(s.fleet, adapter_root))
         url = stack.enter_context(system.start(sims, max_cpu_loras=s.fleet.max_cpu_loras, time_scale=scale))
         result, before, after = asyncio.run(_measure(url, sims, s, plan, loop))
         retries = _router_retries(url) if system.kind == "lorapool" else {}
+    summary = _cell_summary(s, system, plan, result, before, after, retries)
+    summary.update(wall_s=time.monotonic() - started, loadavg_1m_end=os.getloadavg()[0])
+    if loop is not None:
+        summary.update(placement_summary(loop, initial, summary["hot_after"], s.shift_at_s))
+    return summary
+
+
+def _placement_fleet(
+    stack: ExitStack, s: CatalogScenario, system: System, paths: Mapping[str, str]
+) -> tuple[PlacementLoop, dict[str, tuple[str, ...]], list[str], System]:
+    """``lorapool placement``'s side of ``run_cell``: the loop, its initial placement, the replicas
+    holding their share of it (closed with ``stack``) and the router counting requests per adapter."""
+    scale = s.fleet.time_scale
+    ids = [str(i) for i in range(s.fleet.replicas)]
+    loop = PlacementLoop(bench_pool(s.fleet.replicas, s.fleet.max_cpu_loras), paths, scale, s.window_s, s.sample_s)
+    initial = loop.initial()
+    sims = stack.enter_context(share_fleet(s.fleet, paths, shares(initial, ids)))
+    loop.replicas = dict(zip(ids, sims, strict=True))
+    # the router counts requests per adapter over the loop's window (wall seconds), as the operator reads them
+    system = dataclasses.replace(system, args=(*system.args, "--requests-window-s", f"{s.window_s * scale:g}"))
+    return loop, initial, sims, system
+
+
+def _cell_summary(
+    s: CatalogScenario,
+    system: System,
+    plan: Sequence[Planned],
+    result: RunResult,
+    before: Mapping[str, float],
+    after: Mapping[str, float],
+    retries: dict[str, float],
+) -> dict[str, Any]:
+    """The cell's numbers for results.json, in simulated seconds: the goodput timeline (every request),
+    then after the warm-up the summary, adapter loads per 1k requests, goodput after the shift and
+    the adapters with the worst p99 TTFT. Turns ``result``'s outcomes into simulated time."""
+    from bench.loadgen import summarize
+
+    scale = s.fleet.time_scale
     timeline = goodput_timeline(
         [
             dataclasses.replace(o, sent_s=o.sent_s / scale, ttft_s=None if o.ttft_s is None else o.ttft_s / scale)
@@ -499,10 +529,6 @@ def run_cell(s: CatalogScenario, system: System, adapter_root: Path) -> dict[str
         o.done_s = o.done_s / scale if o.done_s is not None else None
     summary = summarize(result, window_s=s.workload.duration_s - s.warmup_s, slo_ttft_s=s.slo_ttft_s)
     after_shift = [o for o in result.outcomes if o.sent_s >= s.shift_at_s]
-    by_model: dict[str, list[float]] = {}
-    for o in result.outcomes:
-        by_model.setdefault(o.model, []).append(o.ttft_s if o.ttft_s is not None and not o.error else math.inf)
-    worst = sorted(by_model, key=lambda m: -percentile(by_model[m], 99))[:5]
     n = max(1, summary["requests"])
     loads = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in ("cpu", "disk", "stall_s")}
     summary.update(
@@ -513,16 +539,22 @@ def run_cell(s: CatalogScenario, system: System, adapter_root: Path) -> dict[str
         stall_s_per_1k=1000.0 * loads["stall_s"] / n,
         goodput_after_shift_rps=summarize_goodput(after_shift, s.slo_ttft_s, s.workload.duration_s - s.shift_at_s),
         goodput_timeline=timeline,
-        hot_before=hot_before,
-        hot_after=hot_after,
+        hot_before=hottest(plan, 0.0, s.shift_at_s),
+        hot_after=hottest(plan, s.shift_at_s),
         router_retries=retries,
-        worst_adapters=[[m, len(by_model[m]), percentile(by_model[m], 99)] for m in worst],
-        wall_s=time.monotonic() - started,
-        loadavg_1m_end=os.getloadavg()[0],
+        worst_adapters=worst_adapters(result.outcomes),
     )
-    if loop is not None:
-        summary.update(placement_summary(loop, initial, hot_after, s.shift_at_s))
     return summary
+
+
+def worst_adapters(outcomes: Iterable[Outcome], n: int = 5) -> list[list[Any]]:
+    """The ``n`` adapters with the highest p99 TTFT (a failed request counts as infinite): each as
+    [name, requests, p99 TTFT]. Pure."""
+    by_model: dict[str, list[float]] = {}
+    for o in outcomes:
+        by_model.setdefault(o.model, []).append(o.ttft_s if o.ttft_s is not None and not o.error else math.inf)
+    worst = sorted(by_model, key=lambda m: -percentile(by_model[m], 99))[:n]
+    return [[m, len(by_model[m]), percentile(by_model[m], 99)] for m in worst]
 
 
 def summarize_goodput(outcomes: Sequence[Outcome], slo_ttft_s: float, window_s: float) -> float:
@@ -543,7 +575,7 @@ def share_fleet(spec: FleetSpec, paths: Mapping[str, str], share: Mapping[str, S
     """
     import urllib.request
 
-    from lorapool.testing.components import start_sim
+    from lorapool_dev.testing.components import start_sim
 
     def unload(url: str, name: str) -> None:
         body = json.dumps({"lora_name": name}).encode()

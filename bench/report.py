@@ -157,11 +157,23 @@ def _spread(values: list[float]) -> str:
 
 
 def _overhead(data: dict[str, Any]) -> list[str]:
+    """RESULTS.md's router overhead section: 1. the table per rate and system, 2. the capacity
+    per system (with three rates or more), 3. the streamed first chunk through the relay."""
     overhead = data.get("overhead")
     if not overhead:
         return []
     rates = overhead["rates"]
-    when = overhead.get("date") or data["date"]
+    lines = _overhead_table(overhead, overhead.get("date") or data["date"])
+    if len(rates) >= 3:
+        lines += _overhead_capacity(overhead)
+    relay = overhead.get("relay")
+    if relay:
+        lines += _overhead_relay(relay)
+    return lines
+
+
+def _overhead_table(overhead: dict[str, Any], when: str) -> list[str]:
+    """The method paragraph and one row per rate and system: latency, added latency, late sends."""
     lines = [
         "## Router overhead",
         "",
@@ -175,7 +187,7 @@ def _overhead(data: dict[str, Any]) -> list[str]:
         " | added p99 range ms | late sends % |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for rate, systems in rates.items():
+    for rate, systems in overhead["rates"].items():
         for name, s in systems.items():
             runs99 = ", ".join(_f(v, 1) for v in s["p99_ms_runs"])
             late = _f(s["late_pct"], 1) if "late_pct" in s else "-"
@@ -185,39 +197,43 @@ def _overhead(data: dict[str, Any]) -> list[str]:
                 f" | {_spread(s.get('added_p99_ms_runs', []))} | {late} |"
             )
     lines.append("")
-    names = [n for n in next(iter(rates.values()), {}) if n != "direct"]
-    if len(rates) >= 3:
-        lines += [
-            f"Capacity (highest rate with a median added p99 <= {CAPACITY_ADDED_P99_MS:g} ms, every lower"
-            " rate too): " + ", ".join(f"{n} {_f(capacity(rates, n), 0)} req/s" for n in names) + "."
-        ]
-        limit = overhead.get("loadgen_limit_rps")
-        lines += [
-            "The load generator (one Python process) falls behind its schedule (> 1 % of requests sent"
-            f" > 5 ms late, direct) at {_f(limit, 0)} req/s: rates from there on measure it, not the routers."
-            if limit
-            else "The load generator kept its schedule (<= 1 % late sends, direct) at every rate measured.",
-            "",
-        ]
-    relay = overhead.get("relay")
-    if relay:
-        runs = relay.get("added_p99_ms_runs")
-        spread = f"; added p99 per repeat {', '.join(_f(v, 1) for v in runs)} ms" if runs else ""
-        others = [
-            f"{name} +{_f(s['added_p50_ms'], 1)} / +{_f(s['added_p99_ms'], 1)} ms"
-            for name, s in relay.items()
-            if isinstance(s, dict) and name not in ("direct", AFFINITY) and "added_p99_ms" in s
-        ]
-        lines += [
-            f"First streamed chunk (TTFT) on a real-time replica, {_f(relay.get('rate_rps', 20.0), 0)} req/s, direct"
-            f" vs through lorapool: p50 {_f(relay['direct']['p50_ms'], 1)} vs"
-            f" {_f(relay[AFFINITY]['p50_ms'], 1)} ms (+{_f(relay['added_p50_ms'], 1)}),"
-            f" p99 {_f(relay['direct']['p99_ms'], 1)} vs {_f(relay[AFFINITY]['p99_ms'], 1)} ms"
-            f" (+{_f(relay['added_p99_ms'], 1)}){spread}."
-            + (f" Same run, added p50 / p99: {'; '.join(others)}." if others else ""),
-            "",
-        ]
     return lines
+
+
+def _overhead_capacity(overhead: dict[str, Any]) -> list[str]:
+    """Each router's capacity under the added-p99 bound, and where the load generator fell behind."""
+    rates = overhead["rates"]
+    names = [n for n in next(iter(rates.values()), {}) if n != "direct"]
+    limit = overhead.get("loadgen_limit_rps")
+    return [
+        f"Capacity (highest rate with a median added p99 <= {CAPACITY_ADDED_P99_MS:g} ms, every lower"
+        " rate too): " + ", ".join(f"{n} {_f(capacity(rates, n), 0)} req/s" for n in names) + ".",
+        "The load generator (one Python process) falls behind its schedule (> 1 % of requests sent"
+        f" > 5 ms late, direct) at {_f(limit, 0)} req/s: rates from there on measure it, not the routers."
+        if limit
+        else "The load generator kept its schedule (<= 1 % late sends, direct) at every rate measured.",
+        "",
+    ]
+
+
+def _overhead_relay(relay: dict[str, Any]) -> list[str]:
+    """The first streamed chunk on a real-time replica, direct vs through lorapool (and the others)."""
+    runs = relay.get("added_p99_ms_runs")
+    spread = f"; added p99 per repeat {', '.join(_f(v, 1) for v in runs)} ms" if runs else ""
+    others = [
+        f"{name} +{_f(s['added_p50_ms'], 1)} / +{_f(s['added_p99_ms'], 1)} ms"
+        for name, s in relay.items()
+        if isinstance(s, dict) and name not in ("direct", AFFINITY) and "added_p99_ms" in s
+    ]
+    return [
+        f"First streamed chunk (TTFT) on a real-time replica, {_f(relay.get('rate_rps', 20.0), 0)} req/s, direct"
+        f" vs through lorapool: p50 {_f(relay['direct']['p50_ms'], 1)} vs"
+        f" {_f(relay[AFFINITY]['p50_ms'], 1)} ms (+{_f(relay['added_p50_ms'], 1)}),"
+        f" p99 {_f(relay['direct']['p99_ms'], 1)} vs {_f(relay[AFFINITY]['p99_ms'], 1)} ms"
+        f" (+{_f(relay['added_p99_ms'], 1)}){spread}."
+        + (f" Same run, added p50 / p99: {'; '.join(others)}." if others else ""),
+        "",
+    ]
 
 
 def real_engine_cells(results_dir: Path) -> list[str]:
@@ -270,71 +286,96 @@ def render(
     return "\n".join(lines)
 
 
+# The bar charts ``plot`` draws: the run's field, the y-axis label, the file and a log scale.
+BARS = (
+    ("goodput_rps", "goodput (req/s within the TTFT SLO, simulated time)", "goodput.png", False),
+    ("ttft_p99_s", "TTFT p99 (simulated seconds, log scale)", "ttft_p99.png", True),
+)
+
+
 def plot(data: dict[str, Any], out: Path) -> None:
-    """Goodput and p99 TTFT per scenario and system; overhead latency CDF."""
+    """Goodput and p99 TTFT per scenario and system; overhead latency CDF (called by ``write_report``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     by = runs_by_scenario(data)
-    scenarios = list(by)
-    systems: list[str] = []
-    for runs in by.values():
-        systems += [s for s in runs if s not in systems]
-    for key, label, fname, log in (
-        ("goodput_rps", "goodput (req/s within the TTFT SLO, simulated time)", "goodput.png", False),
-        ("ttft_p99_s", "TTFT p99 (simulated seconds, log scale)", "ttft_p99.png", True),
-    ):
-        fig, ax = plt.subplots(figsize=(12, 4.8))
-        width = 0.8 / max(1, len(systems))
-        for i, system in enumerate(systems):
-            values = []
-            for sc in scenarios:
-                v = by[sc].get(system, {}).get(key, math.nan)
-                values.append(min(v, 1e3) if isinstance(v, float) else math.nan)
-            xs = [j + (i - len(systems) / 2 + 0.5) * width for j in range(len(scenarios))]
-            ax.bar(xs, values, width, label=system)
-        ax.set_xticks(range(len(scenarios)), scenarios, rotation=15)
-        ax.set_ylabel(label)
-        if log:
-            ax.set_yscale("log")
-        if systems:  # a results file with the overhead only has no cells yet
-            ax.legend(fontsize=7, ncol=3)
-        ax.grid(axis="y", alpha=0.3)
-        fig.tight_layout()
+    for key, label, fname, log in BARS:
+        fig = _bar_chart(plt, by, key, label, log)
         fig.savefig(out / fname, dpi=110)
         plt.close(fig)
     overhead = data.get("overhead")
     if overhead and overhead.get("rates"):
-        rates = overhead["rates"]
-        fig, (curve, cdf) = plt.subplots(1, 2, figsize=(12, 4.2))
-        names = list(next(iter(rates.values())))
-        xs = sorted(rates, key=float)
-        for name in names:
-            if name == "direct":
-                continue
-            ys = [rates[r].get(name, {}).get("added_p99_ms", math.nan) for r in xs]
-            curve.plot([float(x) for x in xs], ys, marker="o", label=name)
-        curve.axhline(CAPACITY_ADDED_P99_MS, color="grey", linestyle="--", linewidth=1)
-        curve.set_xlabel("offered rate, req/s")
-        curve.set_ylabel("added p99 latency, ms (median of repeats)")
-        curve.set_yscale("symlog", linthresh=1.0)
-        curve.grid(alpha=0.3)
-        curve.legend(fontsize=7)
-        rate = "500" if "500" in rates else xs[-1]
-        for name, stats in rates[rate].items():
-            if stats["cdf_ms"]:
-                cdf.plot(stats["cdf_ms"], range(1, 100), label=name)
-        cdf.set_xscale("log")
-        cdf.set_xlabel("request latency, ms (log)")
-        cdf.set_ylabel("percentile")
-        cdf.set_title(f"{rate} req/s, --time-scale 0 backend")
-        cdf.grid(alpha=0.3)
-        cdf.legend(fontsize=7)
-        fig.tight_layout()
+        fig = _overhead_chart(plt, overhead["rates"])
         fig.savefig(out / "overhead.png", dpi=110)
         plt.close(fig)
+
+
+def _bar_chart(plt: Any, by: dict[str, dict[str, dict[str, Any]]], key: str, label: str, log: bool) -> Any:
+    """One bar per system in each scenario's group, ``key`` of its run (capped at 1e3); the figure."""
+    scenarios = list(by)
+    systems: list[str] = []
+    for runs in by.values():
+        systems += [s for s in runs if s not in systems]
+    fig, ax = plt.subplots(figsize=(12, 4.8))
+    width = 0.8 / max(1, len(systems))
+    for i, system in enumerate(systems):
+        values = []
+        for sc in scenarios:
+            v = by[sc].get(system, {}).get(key, math.nan)
+            values.append(min(v, 1e3) if isinstance(v, float) else math.nan)
+        xs = [j + (i - len(systems) / 2 + 0.5) * width for j in range(len(scenarios))]
+        ax.bar(xs, values, width, label=system)
+    ax.set_xticks(range(len(scenarios)), scenarios, rotation=15)
+    ax.set_ylabel(label)
+    if log:
+        ax.set_yscale("log")
+    if systems:  # a results file with the overhead only has no cells yet
+        ax.legend(fontsize=7, ncol=3)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def _overhead_chart(plt: Any, rates: dict[str, Any]) -> Any:
+    """Two panels: added p99 against the offered rate, and the latency CDF at 500 req/s; the figure."""
+    fig, (curve, cdf) = plt.subplots(1, 2, figsize=(12, 4.2))
+    _added_p99_curve(curve, rates)
+    _latency_cdf(cdf, rates)
+    fig.tight_layout()
+    return fig
+
+
+def _added_p99_curve(curve: Any, rates: dict[str, Any]) -> None:
+    """Each router's median added p99 per offered rate, with the capacity bound dashed."""
+    names = list(next(iter(rates.values())))
+    xs = sorted(rates, key=float)
+    for name in names:
+        if name == "direct":
+            continue
+        ys = [rates[r].get(name, {}).get("added_p99_ms", math.nan) for r in xs]
+        curve.plot([float(x) for x in xs], ys, marker="o", label=name)
+    curve.axhline(CAPACITY_ADDED_P99_MS, color="grey", linestyle="--", linewidth=1)
+    curve.set_xlabel("offered rate, req/s")
+    curve.set_ylabel("added p99 latency, ms (median of repeats)")
+    curve.set_yscale("symlog", linthresh=1.0)
+    curve.grid(alpha=0.3)
+    curve.legend(fontsize=7)
+
+
+def _latency_cdf(cdf: Any, rates: dict[str, Any]) -> None:
+    """Every system's latency percentiles at 500 req/s (else the highest rate measured)."""
+    rate = "500" if "500" in rates else sorted(rates, key=float)[-1]
+    for name, stats in rates[rate].items():
+        if stats["cdf_ms"]:
+            cdf.plot(stats["cdf_ms"], range(1, 100), label=name)
+    cdf.set_xscale("log")
+    cdf.set_xlabel("request latency, ms (log)")
+    cdf.set_ylabel("percentile")
+    cdf.set_title(f"{rate} req/s, --time-scale 0 backend")
+    cdf.grid(alpha=0.3)
+    cdf.legend(fontsize=7)
 
 
 def write_report(data: dict[str, Any], out: Path, report: Path) -> None:

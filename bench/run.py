@@ -46,7 +46,7 @@ ADAPTERS = "/tmp/lorapool-bench-adapters"  # PEFT dirs, written once and reused 
 
 def scrape_sims(urls: list[str]) -> dict[str, float]:
     """Sum the simulators' LoRA load counters (by source), stall seconds and prefix-cache tokens."""
-    from lorapool.testing.scrape import metric_value, samples, scrape
+    from lorapool_dev.testing.scrape import metric_value, samples, scrape
 
     totals: dict[str, float] = {"cpu": 0.0, "disk": 0.0, "stall_s": 0.0, "prefix_queries": 0.0, "prefix_hits": 0.0}
     for url in urls:
@@ -154,6 +154,37 @@ def _stamp(argv: list[str] | None) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line: 1. parse the flags, 2. --report-only rewrites RESULTS.md from OUT and stops,
+    3. a separate cell's flag (or --overhead-only over an existing results.json) measures that alone,
+    4. else the scenario matrix and the overhead; then the report."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    out: Path = args.out
+    report = args.report or out.parent / "RESULTS.md"
+    results_path = results.path(out)
+    if args.report_only:
+        if not results_path.exists():
+            parser.error(f"--report-only: {results_path} does not exist; measure into --out {out} first")
+        write_report(json.loads(results_path.read_text()), out, report)
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = _stamp(argv)
+    adapter_root = Path(os.environ.get("BENCH_ADAPTERS", ADAPTERS))
+    data = _measure_separate_cell(args, out, adapter_root, stamp)
+    if data is None and args.overhead_only and results_path.exists():
+        data = _refresh_overhead(results_path, adapter_root, stamp)
+    if data is not None:
+        write_report(data, out, report)
+        return 0
+    data = _measure_matrix(args, out, adapter_root, stamp)
+    results.save(out, data)
+    write_report(data, out, report)
+    print(f"wrote {report} and {out}/")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    """Every flag of ``bench/run.py`` (the usage is the module's docstring)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--report", type=Path, default=None, help="default: OUT/../RESULTS.md")
@@ -181,59 +212,58 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--sizing", action="store_true", help="measure only the max-loras sizing cell (sizing.json)")
     parser.add_argument("--chaos", action="store_true", help="measure only the chaos cell (chaos.json)")
-    args = parser.parse_args(argv)
-    out: Path = args.out
-    report = args.report or out.parent / "RESULTS.md"
-    results_path = results.path(out)
-    if args.report_only:
-        if not results_path.exists():
-            parser.error(f"--report-only: {results_path} does not exist; measure into --out {out} first")
-        write_report(json.loads(results_path.read_text()), out, report)
-        return 0
-    out.mkdir(parents=True, exist_ok=True)
-    stamp = _stamp(argv)
-    adapter_root = Path(os.environ.get("BENCH_ADAPTERS", ADAPTERS))
+    return parser
+
+
+def _measure_separate_cell(
+    args: argparse.Namespace, out: Path, adapter_root: Path, stamp: dict[str, str]
+) -> dict[str, Any] | None:
+    """The cell a mode flag names (first of --large-catalog, --real-engine, --regime-b-seeds,
+    --real-engine-fair, --chaos, --sizing), measured into OUT by its own module; the results to
+    report, or None when no such flag was given."""
     if args.large_catalog:
         from bench import large_catalog
 
-        chosen = [n for n in args.systems.split(",") if n]
-        write_report(large_catalog.run(out, adapter_root, stamp, chosen), out, report)
-        return 0
+        return large_catalog.run(out, adapter_root, stamp, [n for n in args.systems.split(",") if n])
     if args.real_engine:
         from bench import real_engine
 
         real_engine.run(out, adapter_root / "real-engine", stamp)
-        write_report(results.load(out, stamp), out, report)
-        return 0
+        return results.load(out, stamp)
     if args.regime_b_seeds:
         from bench import seeds
 
-        write_report(seeds.run(out, adapter_root, stamp, list(SYSTEMS), run_one), out, report)
-        return 0
+        return seeds.run(out, adapter_root, stamp, list(SYSTEMS), run_one)
     if args.real_engine_fair:
         from bench import real_engine_fair
 
         real_engine_fair.run(out, adapter_root / "real-engine", stamp)
-        write_report(results.load(out, stamp), out, report)
-        return 0
+        return results.load(out, stamp)
     if args.chaos:
         from bench import chaos
 
         chaos.run(out, adapter_root, stamp)
-        write_report(results.load(out, stamp), out, report)
-        return 0
+        return results.load(out, stamp)
     if args.sizing:
         from bench import sizing
 
         sizing.run(out, stamp)
-        write_report(results.load(out, stamp), out, report)
-        return 0
-    if args.overhead_only and results_path.exists():  # refresh the overhead section only
-        data = json.loads(results_path.read_text())
-        data["overhead"] = {**run_overhead(adapter_root), **stamp}
-        results_path.write_text(json.dumps(data, indent=1, default=str))
-        write_report(data, out, report)
-        return 0
+        return results.load(out, stamp)
+    return None
+
+
+def _refresh_overhead(results_path: Path, adapter_root: Path, stamp: dict[str, str]) -> dict[str, Any]:
+    """--overhead-only over an existing results.json: measure the overhead section again, keep every cell."""
+    data = json.loads(results_path.read_text())
+    data["overhead"] = {**run_overhead(adapter_root), **stamp}
+    results_path.write_text(json.dumps(data, indent=1, default=str))
+    return data
+
+
+def _measure_matrix(args: argparse.Namespace, out: Path, adapter_root: Path, stamp: dict[str, str]) -> dict[str, Any]:
+    """The chosen scenarios x systems (unless --overhead-only), then the overhead (unless
+    --skip-overhead); with --merge, folded into OUT's results.json. The results to save."""
+    results_path = results.path(out)
     scenarios = [s for s in SCENARIOS if not args.only or s.name in args.only.split(",")]
     systems = [s for s in SYSTEMS if not args.systems or s.name in args.systems.split(",")]
     previous = json.loads(results_path.read_text()) if args.merge and results_path.exists() else None
@@ -245,19 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     partial = out / "results.partial.json" if previous else results_path
     if not args.overhead_only:
-        for scenario in scenarios:
-            for system in systems:
-                if not args.systems and scenario.systems and system.name not in scenario.systems:
-                    continue  # a regime's own comparison set (scenarios.py), unless --systems chooses
-                try:
-                    summary = run_one(scenario, system, adapter_root)
-                except Exception as exc:  # a baseline that fails to start is reported, not fatal
-                    summary = {"scenario": scenario.name, "system": system.name, "error": repr(exc)[:500]}
-                summary["date"] = stamp["date"]
-                data["runs"].append(summary)
-                shown = {k: v for k, v in summary.items() if k != "ttfts"}
-                print(json.dumps(shown, default=str), flush=True)
-                partial.write_text(json.dumps(data, indent=1, default=str))
+        for scenario, system in cells(scenarios, systems, systems_chosen=bool(args.systems)):
+            data["runs"].append(_run_cell(scenario, system, adapter_root, stamp))
+            partial.write_text(json.dumps(data, indent=1, default=str))
     if not args.skip_overhead:
         data["overhead"] = {**run_overhead(adapter_root), **stamp}
         print(json.dumps({k: v for k, v in data["overhead"].items() if k != "cdf"}, default=str))
@@ -266,10 +286,30 @@ def main(argv: list[str] | None = None) -> int:
         data = results.merge(previous, data, stamp)
         data["overhead"] = overhead
         partial.unlink(missing_ok=True)
-    results.save(out, data)
-    write_report(data, out, report)
-    print(f"wrote {report} and {out}/")
-    return 0
+    return data
+
+
+def cells(scenarios: list[Scenario], systems: list[System], *, systems_chosen: bool) -> list[tuple[Scenario, System]]:
+    """The (scenario, system) pairs to measure, in order: a regime's own comparison set
+    (``Scenario.systems``) applies unless --systems chose the systems. Pure."""
+    return [
+        (scenario, system)
+        for scenario in scenarios
+        for system in systems
+        if systems_chosen or not scenario.systems or system.name in scenario.systems
+    ]
+
+
+def _run_cell(scenario: Scenario, system: System, adapter_root: Path, stamp: dict[str, str]) -> dict[str, Any]:
+    """``run_one`` dated and printed; a baseline that fails to start is reported, not fatal."""
+    try:
+        summary = run_one(scenario, system, adapter_root)
+    except Exception as exc:
+        summary = {"scenario": scenario.name, "system": system.name, "error": repr(exc)[:500]}
+    summary["date"] = stamp["date"]
+    shown = {k: v for k, v in summary.items() if k != "ttfts"}
+    print(json.dumps(shown, default=str), flush=True)
+    return summary
 
 
 if __name__ == "__main__":
