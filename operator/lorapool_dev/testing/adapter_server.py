@@ -2,14 +2,19 @@
 
 Used by the e2e suite and `lorapool dev --node real`: a Deployment of the lorapool image writes the
 adapters (`lorapool_dev.testing.peft`) into an emptyDir and serves them over HTTP, behind a Service.
-Pure builders; the callers apply them. Sources point at the Service's ClusterIP (`sources`),
+The image carries lorapool alone, not this dev wing, so the writer's source travels in the
+container's command (`command`) and runs against the image's lorapool. Pure builders; the
+callers apply them. Sources point at the Service's ClusterIP (`sources`),
 not its DNS name: the suite's real node runs no cluster DNS.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any
+
+from lorapool_dev.testing import peft
 
 NAME = "adapters"
 PORT = 8000
@@ -17,14 +22,26 @@ LABELS = {"app.kubernetes.io/name": "e2e-adapters"}
 
 SCRIPT = """
 import functools, http.server, pathlib, sys
-from lorapool_dev.testing.peft import write_peft_adapter
-root = pathlib.Path("/tmp/adapters")
+writer = {{"__name__": "lorapool_dev_peft"}}
+exec({writer!r}, writer)
+root = pathlib.Path({root!r})
 for name, rank in {adapters!r}.items():
-    write_peft_adapter(root / name, rank=rank, base_model={base!r})
+    writer["write_peft_adapter"](root / name, rank=rank, base_model={base!r})
 handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
 print("serving adapters", flush=True)
-http.server.ThreadingHTTPServer(("", {port}), handler).serve_forever()
+http.server.ThreadingHTTPServer(({host!r}, {port}), handler).serve_forever()
 """
+
+
+def command(
+    adapters: Mapping[str, int], base_model: str, *, root: str = "/tmp/adapters", host: str = "", port: int = PORT
+) -> list[str]:
+    """The server's command: write the adapters with the PEFT writer's own source (it imports only
+    lorapool, which the image has), then serve ``root`` over HTTP on ``host:port``."""
+    script = SCRIPT.format(
+        writer=inspect.getsource(peft), root=root, adapters=dict(adapters), base=base_model, host=host, port=port
+    )
+    return ["python", "-c", script]
 
 
 def manifests(namespace: str, image: str, adapters: Mapping[str, int], base_model: str) -> list[dict[str, Any]]:
@@ -35,7 +52,7 @@ def manifests(namespace: str, image: str, adapters: Mapping[str, int], base_mode
         "name": "http",
         "image": image,
         "imagePullPolicy": "IfNotPresent",
-        "command": ["python", "-c", SCRIPT.format(adapters=dict(adapters), base=base_model, port=PORT)],
+        "command": command(adapters, base_model),
         "ports": [{"name": "http", "containerPort": PORT}],
         "readinessProbe": {"httpGet": {"path": f"/{first}/adapter_config.json", "port": "http"}},
         "securityContext": {
