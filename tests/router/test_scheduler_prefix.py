@@ -1,5 +1,6 @@
 """The scheduler and the prefix scorer: each request's prompt hashed once, only with --prefix-weight,
-and a bind recording its blocks on the backend it went to (the scorer itself: tests/router/core)."""
+and a bind recording its blocks on the backend it went to, through the scorer's hooks, which the
+scheduler calls without knowing the scorer (the scorer itself: tests/router/core)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pytest
 from lorapool.api.vllm_metrics import VllmMetrics
 from lorapool.router.cli import configure, settings_from
 from lorapool.router.core import registry
-from lorapool.router.core.scorers.prefix import PREFIX_WEIGHT, block_hashes
+from lorapool.router.core.backend import Request
+from lorapool.router.core.scorers.prefix import NAME, PREFIX_WEIGHT, PrefixScorer, block_hashes
 from lorapool.router.scheduler import Scheduler
 from lorapool.router.settings import RouterSettings
 from lorapool.router.telemetry import Telemetry
@@ -29,11 +31,23 @@ def pool(prefix_weight: float, backends: tuple[str, ...] = ("http://a", "http://
     return scheduler
 
 
+def blocks(req: Request) -> tuple[int, ...]:
+    kept = req.prepared.get(NAME, ())
+    assert isinstance(kept, tuple)
+    return kept
+
+
+def scorer_of(scheduler: Scheduler) -> PrefixScorer:
+    (scorer,) = scheduler.scheduling.hooked
+    assert isinstance(scorer, PrefixScorer)
+    return scorer
+
+
 def test_the_prompt_is_hashed_only_with_the_prefix_weight() -> None:
-    assert pool(0.0).request_for("sql", prompt=PROMPT).prefix_blocks == ()
+    assert blocks(pool(0.0).request_for("sql", prompt=PROMPT)) == ()
     req = pool(PREFIX_WEIGHT).request_for("sql", prompt=PROMPT)
-    assert req.prefix_blocks == block_hashes("sql", PROMPT) and len(req.prefix_blocks) == len(PROMPT) // 64
-    assert pool(PREFIX_WEIGHT).request_for("sql").prefix_blocks == ()  # no body text (a header-only pick)
+    assert blocks(req) == block_hashes("sql", PROMPT) and len(blocks(req)) == len(PROMPT) // 64
+    assert blocks(pool(PREFIX_WEIGHT).request_for("sql")) == ()  # no body text (a header-only pick)
 
 
 def test_a_bind_records_the_blocks_where_it_went_and_a_backend_that_leaves_takes_them() -> None:
@@ -42,15 +56,22 @@ def test_a_bind_records_the_blocks_where_it_went_and_a_backend_that_leaves_takes
         req = scheduler.request_for("sql", prompt=PROMPT)
         lease = await scheduler.acquire(req)
         scheduler.release(lease)
-        views = {s.id: s.view() for s in scheduler.backends()}
-        assert all(h in views[lease.backend].recent_blocks for h in req.prefix_blocks)
-        other = next(b for b in views if b != lease.backend)
-        assert req.prefix_blocks[0] not in views[other].recent_blocks
-        # The backend leaves, then comes back: a new state, an empty index.
+        index = scorer_of(scheduler).indexes
+        assert all(h in index[lease.backend] for h in blocks(req))
+        other = next(s.id for s in scheduler.backends() if s.id != lease.backend)
+        assert other not in index
+        # The backend leaves, then comes back: an empty index.
         scheduler.set_backends([other])
         scheduler.set_backends([other, lease.backend])
-        back = scheduler.backend(lease.backend)
-        assert back is not None and req.prefix_blocks[0] not in back.view().recent_blocks
+        assert lease.backend not in index
+        # A bind there again, then it goes down: its engine may come back a new one, its cache empty.
+        again = await scheduler.acquire(req)
+        scheduler.release(again)
+        assert again.backend in index
+        back = scheduler.backend(again.backend)
+        assert back is not None
+        scheduler.mark_down(back, "connect")
+        assert again.backend not in index
 
     asyncio.run(scenario())
 

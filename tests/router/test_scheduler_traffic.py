@@ -111,3 +111,23 @@ def test_without_priorities_held_requests_bind_oldest_first_as_before() -> None:
         return [first.req.model]
 
     assert asyncio.run(scenario()) == ["code"]
+
+
+def test_set_policy_swaps_the_policy_between_decisions() -> None:
+    """A re-read policy document: the new policy decides from the next decision on; a request held
+    under the old one still waits and binds when its slot frees."""
+
+    async def scenario() -> None:
+        scheduler = full_pool()
+        running = await scheduler.acquire(scheduler.request_for("sql"))
+        chat = await held(scheduler, "chat")  # affinity holds it: the only slot is taken
+        scheduler.set_policy(registry.build("round-robin"))
+        code = await asyncio.wait_for(scheduler.acquire(scheduler.request_for("code")), 5)  # never held now
+        assert code.backend == "http://a" and not chat.done()
+        scheduler.release(running)
+        scheduler.release(code)
+        bound = await asyncio.wait_for(chat, 5)
+        scheduler.release(bound)
+        assert scheduler.backends()[0].inflight_total == 0 and not scheduler.queues
+
+    asyncio.run(scenario())

@@ -1,6 +1,7 @@
 """The router's HTTP surface: an OpenAI-compatible proxy in front of the scheduler.
 
-Shell only: parses just enough of a request to route it (``model``), hands the raw body to
+Shell only, a protocol adapter over ``lifecycle`` (which runs the request's life, as it does for
+the endpoint picker): parses just enough of a request to route it (``model``), hands the raw body to
 the chosen backend unchanged and relays the answer; streamed (SSE) answers are relayed chunk
 by chunk as they arrive. Retries another backend on connect failure, 503 or a backend that
 fails before anything reached the client; after that, a failing backend ends the stream with an
@@ -14,7 +15,6 @@ import json
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -23,13 +23,10 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from lorapool.api.requests import encode
-from lorapool.router.core.admission import Refuse
-from lorapool.router.core.backend import Request
-from lorapool.router.core.openai import BadBody, error_body, parse_request, too_large_message
-from lorapool.router.core.ratelimit import Allow, Throttle
+from lorapool.router.core.openai import BadBody, error_body, parse_request
 from lorapool.router.core.requestcount import RequestCounter
-from lorapool.router.core.usage import UsageMeter
-from lorapool.router.scheduler import Lease, Refused, Scheduler
+from lorapool.router.lifecycle import Answer, Lifecycle, Ticket
+from lorapool.router.scheduler import Scheduler
 from lorapool.router.settings import RouterSettings
 from lorapool.router.telemetry import Telemetry
 
@@ -52,38 +49,13 @@ SETTINGS: web.AppKey[RouterSettings] = web.AppKey("settings", RouterSettings)
 REQUESTS: web.AppKey[RequestCounter] = web.AppKey("requests", RequestCounter)
 
 
-def error_response(
-    status: int, message: str, kind: str, *, retry_after_s: int | None = None, param: str | None = None
-) -> web.Response:
-    headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
-    return web.json_response(error_body(status, message, kind, param), status=status, headers=headers)
-
-
-def refusal_response(refusal: Refuse, retry_after_s: int) -> web.Response:
-    """Admission's refusal as the client sees it: its status, message and, for 503/429, Retry-After."""
-    retry = retry_after_s if refusal.retry else None
-    return error_response(refusal.status, refusal.message, refusal.error_type, retry_after_s=retry, param=refusal.param)
-
-
-def throttle_response(throttle: Throttle) -> web.Response:
-    """429 over an adapter's rate limit, with Retry-After and OpenAI's x-ratelimit-* headers."""
-    body = error_body(429, throttle.message, throttle.error_type)
-    return web.json_response(body, status=429, headers=dict(throttle.all_headers()))
+def error_response(answer: Answer) -> web.Response:
+    """An immediate answer as the client sees it: its status, OpenAI error body and headers."""
+    return web.json_response(answer.body(), status=answer.status, headers=dict(answer.headers) or None)
 
 
 def forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
     return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in HOP_HEADERS)
-
-
-@dataclass(frozen=True, slots=True)
-class _Limited:
-    """A request's rate-limit verdict: headers for its response, the meter of its token use."""
-
-    allow: Allow
-    meter: UsageMeter | None = None
-
-
-_UNLIMITED = _Limited(Allow())
 
 
 class _Retry(Exception):
@@ -108,6 +80,7 @@ class Proxy:
         self.scheduler, self.session = scheduler, session
         self.telemetry, self.settings = telemetry, settings
         self.requests = requests
+        self.lifecycle = Lifecycle(scheduler, telemetry, settings, requests)
         self.timeout = aiohttp.ClientTimeout(
             total=None, connect=settings.connect_timeout_s, sock_read=settings.read_timeout_s
         )
@@ -115,69 +88,49 @@ class Proxy:
 
     # --- OpenAI endpoints -----------------------------------------------------------------
     async def completions(self, request: web.Request) -> web.StreamResponse:
+        """The request's life (``lifecycle``) over HTTP: read and parse the body, admit, route,
+        relay; ended once, with the status the client got ("499": it left before any answer began)."""
         start = time.monotonic()
-        model: str | None = None
-        known = False
+        tickets: list[Ticket] = []
         response: web.StreamResponse | None = None
         try:
-            response, model, known = await self._completions(request, start)
+            response = await self._completions(request, start, tickets)
             return response
         finally:
-            code = str(response.status) if response is not None else "499"
-            label = self.telemetry.model_label(model, known=known)
-            self.telemetry.answered(label, code, time.monotonic() - start)
+            code = str(response.status) if response is not None else None
+            if tickets:
+                self.lifecycle.end(tickets[0], code)
+            else:
+                self.lifecycle.counted(code or "499", start)
 
-    async def _completions(self, request: web.Request, start: float) -> tuple[web.StreamResponse, str | None, bool]:
+    async def _completions(self, request: web.Request, start: float, tickets: list[Ticket]) -> web.StreamResponse:
         limit = self.settings.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
-            return self._too_large(request.content_length), None, False
+            return error_response(Answer.too_large(request.content_length, limit))
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            return self._too_large(None), None, False
+            return error_response(Answer.too_large(None, limit))
         try:
             parsed = parse_request(body)
         except BadBody as exc:
-            return error_response(exc.status, exc.message, exc.error_type, param=exc.param), None, False
-        model = parsed.model
-        allow = self.scheduler.limit(model, parsed.prompt_tokens)
-        if isinstance(allow, Throttle):  # before it counts as demand (core.ratelimit says why)
-            return throttle_response(allow), model, self.scheduler.known(model)
-        req = self.scheduler.request_for(model, parsed.prompt_tokens, parsed.max_tokens, prompt=parsed.prompt)
-        # Counted once per client request, at admission: retries and waits do not count again.
-        known_adapter = req.is_adapter and self.scheduler.known(model)
-        self.requests.count(model, is_adapter=req.is_adapter, known=known_adapter, now_s=start, wall_s=time.time())
-        meter = UsageMeter(parsed.prompt_tokens, stream=parsed.stream) if self.scheduler.meters(allow) else None
-        try:
-            response = await self._route(request, body, req, start, _Limited(allow, meter))
-        finally:
-            if meter is not None:
-                self.scheduler.settle(model, allow, meter.total())
-        return response, model, self.scheduler.known(model)
+            return error_response(Answer.bad_body(exc))
+        ticket = self.lifecycle.admit(parsed.model, start, parsed)
+        tickets.append(ticket)
+        if ticket.answer is not None:
+            return error_response(ticket.answer)
+        return await self._route(request, body, ticket)
 
-    def _too_large(self, size: int | None) -> web.Response:
-        return error_response(413, too_large_message(size, self.settings.max_body_bytes), "RequestEntityTooLarge")
-
-    async def _route(
-        self, request: web.Request, body: bytes, req: Request, start: float, limited: _Limited = _UNLIMITED
-    ) -> web.StreamResponse:
-        tried: set[str] = set()
-        retry_after = self.settings.retry_after_s
+    async def _route(self, request: web.Request, body: bytes, ticket: Ticket) -> web.StreamResponse:
         while True:
+            lease = await self.lifecycle.acquire(ticket)
+            if isinstance(lease, Answer):
+                return error_response(lease)
             try:
-                lease = await self.scheduler.acquire(req, frozenset(tried))
-            except Refused as exc:
-                return refusal_response(exc.refusal, retry_after)
-            try:
-                return await self._forward(request, body, lease, start, limited)
+                return await self._forward(request, body, ticket, lease.backend)
             except _Retry as exc:
-                tried.add(lease.backend)
-                self.telemetry.retries.labels(exc.reason).inc()
-                if exc.down:
-                    self.scheduler.mark_down(lease.state, exc.reason)
+                self.lifecycle.retry(ticket, exc.reason, down=exc.down)
                 log.debug("Retried request elsewhere", extra={"backend": lease.backend})
-            finally:
-                self.scheduler.release(lease, limited.meter.split() if limited.meter is not None else None)
 
     def _upstream_url(self, backend: str, request: web.Request) -> URL:
         """The backend's URL for the request's path, parsed once per backend and path."""
@@ -189,10 +142,7 @@ class Proxy:
                 self._urls[key] = url
         return url
 
-    async def _forward(
-        self, request: web.Request, body: bytes, lease: Lease, start: float, limited: _Limited
-    ) -> web.StreamResponse:
-        backend = lease.backend
+    async def _forward(self, request: web.Request, body: bytes, ticket: Ticket, backend: str) -> web.StreamResponse:
         url = self._upstream_url(backend, request)
         headers = forward_headers(request.headers)
         if "Authorization" in self.session.headers:
@@ -208,20 +158,22 @@ class Proxy:
         try:
             if upstream.status == 503:
                 raise _Retry("503", down=False)
-            if upstream.status == 404 and await self._model_missing(upstream, lease):
+            if upstream.status == 404 and self.lifecycle.model_missing(ticket):  # our view of it was stale
                 raise _Retry("404", down=False)
             headers = forward_headers(upstream.headers)
             if self.settings.backend_header:
                 headers[BACKEND_HEADER] = backend
-            headers.extend(limited.allow.headers)
-            if upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
-                return await self._relay_stream(request, upstream, headers, lease, start, limited.meter)
+            headers.extend(ticket.allow.headers)
+            stream = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
+            self.lifecycle.responded(ticket, upstream.status, stream=stream)
+            if stream:
+                return await self._relay_stream(request, upstream, headers, ticket)
             try:
                 data = await upstream.read()
             except (aiohttp.ClientError, TimeoutError) as exc:  # nothing reached the client yet
                 raise _Retry("dropped", down=True) from exc
-            if limited.meter is not None:
-                limited.meter.feed(data)
+            self.lifecycle.feed(ticket, data)
+            self.lifecycle.first_byte(ticket)
             return web.Response(body=data, status=upstream.status, headers=headers)
         except BaseException:
             upstream.close()  # drop the connection: the backend sees the cancel at once
@@ -229,18 +181,12 @@ class Proxy:
         finally:
             upstream.release()
 
-    async def _model_missing(self, upstream: aiohttp.ClientResponse, lease: Lease) -> bool:
-        """A 404 for the model means our view of the backend is stale: retry elsewhere."""
-        return self.scheduler.model_missing(lease)
-
     async def _relay_stream(
         self,
         request: web.Request,
         upstream: aiohttp.ClientResponse,
         headers: CIMultiDict[str],
-        lease: Lease,
-        start: float,
-        meter: UsageMeter | None,
+        ticket: Ticket,
     ) -> web.StreamResponse:
         response = web.StreamResponse(status=upstream.status, headers=headers)
         response.enable_chunked_encoding()
@@ -253,18 +199,16 @@ class Proxy:
             except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError) as exc:
                 if not response.prepared:  # the backend sent headers, then died: nothing reached the client yet
                     raise _Retry("dropped", down=True) from exc
-                self._failed_mid_response(lease, exc)
+                self._failed_mid_response(ticket, exc)
                 event = error_body(502, f"backend failed mid-stream: {exc!r}", "BadGateway")
                 with contextlib.suppress(ConnectionError, aiohttp.ClientConnectionError):
                     await response.write(f"data: {json.dumps(event)}\n\n".encode())
                 return response
-            if meter is not None:  # before the write: a client that leaves cancels us mid-write
-                meter.feed(chunk)
+            self.lifecycle.feed(ticket, chunk)  # before the write: a client that leaves cancels us mid-write
             try:
                 if not response.prepared:
                     await response.prepare(request)
-                    self.telemetry.ttft.observe(time.monotonic() - start)
-                    self.scheduler.first_token(lease)
+                    self.lifecycle.first_byte(ticket)
                 await response.write(chunk)
             except (ConnectionError, aiohttp.ClientConnectionError):
                 upstream.close()  # our client left: cancel the generation upstream
@@ -274,10 +218,10 @@ class Proxy:
         await response.write_eof()
         return response
 
-    def _failed_mid_response(self, lease: Lease, exc: BaseException) -> None:
+    def _failed_mid_response(self, ticket: Ticket, exc: BaseException) -> None:
         self.telemetry.upstream_failures.inc()
-        self.scheduler.mark_down(lease.state, f"failed mid-response: {exc!r}")
-        log.warning("Marked backend down", extra={"backend": lease.backend, "error": repr(exc)})
+        self.lifecycle.failed(ticket, f"failed mid-response: {exc!r}")
+        log.warning("Marked backend down", extra={"backend": ticket.backend, "error": repr(exc)})
 
     # --- the rest -------------------------------------------------------------------------
     async def models(self, request: web.Request) -> web.Response:

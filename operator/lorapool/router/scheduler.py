@@ -1,10 +1,13 @@
-"""Binds requests to backends: carries out the pure admission's decisions, and owns the waiting.
+"""Binds requests to backends: carries out the pure admission's and dispatch's decisions, and owns the waiting.
 
-The shell around ``core.admission``: ``acquire`` asks ``admit`` and does what it says (binds,
-raises ``Refused``, parks the request in its adapter's wait queue, or re-reads /v1/models once
+The shell around ``core.admission`` and ``core.dispatch``: ``acquire`` asks ``admit`` (and
+``dispatch.gate``: fair dispatch's yield) and does what it says (binds, raises ``Refused``, parks
+the request in its adapter's wait queue for ``dispatch.wait_limit``, or re-reads /v1/models once
 and asks again); every event that may free a slot or make an adapter servable (a request ends,
-a poll lands, the backend set changes, a sidecar's report changes) drains the queues, oldest
-head first, or by fair dispatch's counters with ``--fair-dispatch`` (``bind_held``); a held request whose wait ran out gets ``expire``'s answer. The
+a poll lands, the backend set changes, a sidecar's report changes) binds the held requests
+``dispatch.next_bind`` names, one by one; a full queue sheds ``dispatch.shed``'s victim; a held
+request whose wait ran out gets ``expire``'s answer. The policy's stateful scorers hear of every
+request, bind, release and backend reset through ``Scheduling``'s hooks. The
 scheduler is the only writer of the backends' state: the poller and the proxy tell it what they
 saw (``polled``, ``mark_down``, ``model_missing``...), everyone reads ``backends()``. One event
 loop owns it; any front door (the HTTP proxy, an endpoint picker) drives the same scheduler.
@@ -20,8 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lorapool.api.report import ReplicaReport
-from lorapool.api.traffic import Priority, TrafficPolicy
+from lorapool.api.traffic import TrafficPolicy
 from lorapool.api.vllm_metrics import VllmMetrics
+from lorapool.router.core import dispatch
 from lorapool.router.core.admission import (
     Bind,
     Hold,
@@ -30,17 +34,14 @@ from lorapool.router.core.admission import (
     RefusalReason,
     Refuse,
     admit,
-    bind_held,
     expire,
     lost_load,
     moved_to,
-    runnable,
 )
 from lorapool.router.core.backend import Backend, DecisionKind, Request
 from lorapool.router.core.fairness import VirtualTokenCounter, cost, estimate
 from lorapool.router.core.policy import Scheduling
 from lorapool.router.core.ratelimit import Allow, RateLimiter, Throttle
-from lorapool.router.core.scorers.prefix import block_hashes
 from lorapool.router.core.state import BackendState, ReadOnlyBackendState
 from lorapool.router.core.waitqueue import WaitQueues
 from lorapool.router.settings import RouterSettings
@@ -109,8 +110,6 @@ class Scheduler:
         self.limits = RateLimiter()
         # --fair-dispatch: held requests bind by virtual token counter (core.fairness), else class then age.
         self.fairness = VirtualTokenCounter() if settings.fair_dispatch else None
-        # --prefix-weight: requests carry their prompt's block hashes (core/scorers/prefix.py).
-        self._hashes_prompts = settings.prefix_weight > 0
         # Set by the poller: re-reads /v1/models when a model is unknown everywhere.
         self.refresh_models: Callable[[], Awaitable[None]] | None = None
         telemetry.watch(self.backends, self.queues.depths)
@@ -138,11 +137,11 @@ class Scheduler:
         self, model: str, prompt_tokens: int = 0, max_tokens: int | None = None, *, prompt: str = ""
     ) -> Request:
         """What admission reads of a request for ``model`` (its class from the traffic policy);
-        ``prompt``: its text (``RequestBody.prompt``), hashed into blocks once here, with the prefix
-        scorer on (--prefix-weight), for every decision and the bind to read."""
+        ``prompt``: its text (``RequestBody.prompt``), which the policy's stateful scorers prepare
+        their data from once here (``Scheduling.prepare``), for every decision and the bind to read."""
         priority = self.traffic.of(model).priority
-        blocks = block_hashes(model, prompt) if self._hashes_prompts and prompt else ()
-        return Request(model, model not in self.base_models(), priority, prompt_tokens, max_tokens, blocks)
+        req = Request(model, model not in self.base_models(), priority, prompt_tokens, max_tokens)
+        return self.scheduling.prepare(req, prompt) if prompt else req
 
     def meters(self, allow: Allow) -> bool:
         """Whether a response's token use must be read: its adapter is token-limited, or fair
@@ -163,6 +162,13 @@ class Scheduler:
             self.limits.settle(model, allow.charged, used_tokens, self.clock())
 
     # --- what the shells tell it ----------------------------------------------------------
+    def set_policy(self, scheduling: Scheduling) -> None:
+        """A new policy (a re-read policy document) for every decision from now on; leases and
+        held requests keep working, and the new policy binds what it can at once. Its stateful
+        scorers start empty (what the old ones kept goes with them)."""
+        self.scheduling = scheduling
+        self.changed()
+
     def set_traffic(self, policy: TrafficPolicy) -> None:
         """A new traffic policy (``--traffic-file``): priorities for new requests, limits' buckets."""
         self.traffic = policy
@@ -175,6 +181,7 @@ class Scheduler:
         removed = sorted(self._states.keys() - wanted)
         for url in removed:
             del self._states[url]
+            self.scheduling.reset(url)  # the plugins' state for it leaves with it
         for url in added:
             self._states[url] = BackendState(
                 url,
@@ -214,6 +221,7 @@ class Scheduler:
         """Take ``backend`` out of rotation until a poll succeeds."""
         if (state := self._own(backend)) is not None:
             state.mark_down(reason)
+            self.scheduling.reset(state.id)  # an engine that comes back may be a new one
 
     def model_missing(self, lease: Lease) -> bool:
         """The lease's backend answered 404 for its model: forget the model there; True when
@@ -247,16 +255,12 @@ class Scheduler:
             await self.refresh_models()  # some backend has no report: its /v1/models may be stale
             views = self._views()
             decision = admit(self.scheduling, req, views, tried)
-        if isinstance(decision, Bind) and self._yields(req, self._behind()):
-            decision = Hold(HoldReason.FAIR, "fair-dispatch", f"an adapter behind {req.model!r} waits for a LoRA slot")
+        decision = dispatch.gate(decision, req, self.fairness, dispatch.behind(self.queues, self.fairness))
         if isinstance(decision, Bind):
             return self._bind(req, decision, views)
         if isinstance(decision, Hold):
-            limit = (
-                self.settings.max_queue_wait_s if decision.reason == HoldReason.SATURATED else self.settings.max_wait_s
-            )
-            wait_s = limit if max_wait_s is None else min(max_wait_s, limit)
-            return await self._hold(req, tried, decision, wait_s)
+            limits = dispatch.WaitLimits(self.settings.max_wait_s, self.settings.max_queue_wait_s)
+            return await self._hold(req, tried, decision, dispatch.wait_limit(decision.reason, limits, max_wait_s))
         if isinstance(decision, Refuse):
             raise Refused(decision)
         raise AssertionError(f"admission asked for a second refresh: {decision}")
@@ -299,34 +303,16 @@ class Scheduler:
         self.telemetry.held(req.model, hold.reason, lease.waited_s)
         return lease
 
-    def _yields(self, req: Request, behind: Sequence[str]) -> bool:
-        """Fair dispatch keeps its order for LoRA slots too: a request whose adapter is more than
-        the bound ahead of an adapter held for a slot does not bind, so the slots it holds drain
-        and the adapter behind gets one, instead of a flood keeping its slot on every replica
-        while the others wait out --max-wait for theirs."""
-        return self.fairness is not None and req.is_adapter and bool(behind) and self.fairness.ahead(req.model, behind)
-
-    def _behind(self) -> list[str]:
-        """With fair dispatch, the adapters whose oldest held request waits for a LoRA slot."""
-        if self.fairness is None or not self.queues:
-            return []
-        heads = ((m, self.queues.head(m)) for m in self.queues.depths())
-        return [m for m, head in heads if head is not None and head.reason == HoldReason.SLOT]
-
     def _shed_for(self, req: Request) -> bool:
-        """The queues are full: drop the newest held sheddable request to make room for ``req``
-        (not itself sheddable); True when one was dropped (its client gets 503, reason shed)."""
-        if req.priority == Priority.SHEDDABLE:
-            return False
-        victim = self.queues.newest_of_rank(Priority.SHEDDABLE.rank)
+        """The queues are full: drop the request ``dispatch.shed`` names to make room for ``req``;
+        True when one was dropped (its client gets 503, reason shed)."""
+        victim = dispatch.shed(req, self.queues)
         if victim is None:
             return False
-        model, waiter = victim
-        self.queues.remove(model, waiter)
-        detail = f"{len(self.queues) + 1} requests were waiting; {req.priority} traffic goes first"
-        if not waiter.future.done():
-            waiter.future.set_exception(Refused(Refuse(RefusalReason.SHED, model, detail)))
-        self.telemetry.shed(model)
+        self.queues.remove(victim.model, victim.held)
+        if not victim.held.future.done():
+            victim.held.future.set_exception(Refused(victim.refusal))
+        self.telemetry.shed(victim.model)
         return True
 
     def _bind(self, req: Request, bind: Bind, views: Sequence[Backend], *, charge: bool = True) -> Lease:
@@ -338,7 +324,8 @@ class Scheduler:
             log.debug("Bound request", extra=extra)
         if req.is_adapter:
             self.telemetry.routed(req.model, hit=bind.hit, slot_load=not bind.in_slot)
-        state.begin(req.model, is_adapter=req.is_adapter, blocks=req.prefix_blocks)
+        state.begin(req.model, is_adapter=req.is_adapter)
+        self.scheduling.bound(req, bind.backend)
         self.telemetry.decided(bind.kind)
         lease = Lease(state, req, bind)
         if self.fairness is not None and charge:
@@ -394,6 +381,7 @@ class Scheduler:
             self.fairness.correct(lease.req.model, lease.charged, cost(*used), lease.req.priority)
         if (state := self._own(lease.state)) is not None:  # a removed backend's books are gone with it
             state.end(lease.req.model, is_adapter=lease.req.is_adapter, started=lease.started)
+            self.scheduling.released(lease.req, lease.backend)
         self.changed()
 
     def changed(self) -> None:
@@ -404,26 +392,14 @@ class Scheduler:
             pass
 
     def _bind_one_waiter(self) -> bool:
+        """Bind the held request ``dispatch.next_bind`` names; False when none may bind now."""
         views = self._views()
-        only = runnable(views, self.base_models())
-        if only is not None and not only:
+        chosen = dispatch.next_bind(self.scheduling, self.queues, views, self.base_models(), self.fairness)
+        if chosen is None:
             return False
-        # Without a free slot only adapters already running somewhere (or the base) can bind:
-        # skip the rest without running the policy, which matters with 1000s of queues.
-        order = self.fairness.order if self.fairness is not None else None
-        behind = self._behind()
-        for model in self.queues.models_by_age(None if only is None else only.__contains__, order):
-            waiter = self.queues.head(model)
-            assert waiter is not None
-            if self._yields(waiter.req, behind):
-                continue
-            bind = bind_held(self.scheduling, waiter.req, views, waiter.tried, waiter.reason)
-            if bind is None:
-                continue
-            self.queues.pop(model)
-            waiter.future.set_result(self._bind(waiter.req, bind, views))
-            return True
-        return False
+        self.queues.pop(chosen.model)
+        chosen.held.future.set_result(self._bind(chosen.held.req, chosen.bind, views))
+        return True
 
     def _refuse_lost_loads(self) -> None:
         """Requests waiting for a load that the reports now say failed (or vanished): 404 at once."""

@@ -19,8 +19,10 @@ from lorapool.router.core.backend import Backend, Request
 from lorapool.router.core.filters.bounded_load import bounded_load
 from lorapool.router.core.pickers import HighestScore, RoundRobin
 from lorapool.router.core.plugin import FilterPlugin, HoldPlugin, PickerPlugin, PolicyParams, ScorerPlugin
+from lorapool.router.core.policy import Scorer, ScorerHooks
 from lorapool.router.core.scorers import lora_affinity
-from lorapool.router.core.scorers.prefix import PREFIX_WEIGHT, block_hashes
+from lorapool.router.core.scorers.prefix import NAME as PREFIX
+from lorapool.router.core.scorers.prefix import PREFIX_WEIGHT, PrefixScorer, block_hashes
 from lorapool.router.core.scorers.rendezvous import rendezvous_weight
 
 A = Request("a")
@@ -29,7 +31,7 @@ PARAMS = PolicyParams()
 # A prompt of four whole 64-character blocks, hashed for adapter "a" and for adapter "b".
 HEAD = block_hashes("a", "".join(f"block {i}: ".ljust(64, "x") for i in range(4)))
 OTHER_ADAPTER = block_hashes("b", "".join(f"block {i}: ".ljust(64, "x") for i in range(4)))
-A_PROMPT = Request("a", prefix_blocks=HEAD)
+A_PROMPT = Request("a", prepared={PREFIX: HEAD})
 PREFIX_ON = PolicyParams(prefix_weight=PREFIX_WEIGHT)
 
 
@@ -46,6 +48,13 @@ class Case:
     # Filters: the ids kept, in order. Scorers: the score per id.
     want: list[str] | dict[str, Any]
     params: PolicyParams = PARAMS
+    # A stateful scorer's state: the requests bound to each backend before (told through ``on_bind``).
+    bound: tuple[tuple[str, Request], ...] = ()
+
+
+def sent(bid: str, blocks: tuple[int, ...] | frozenset[int]) -> tuple[str, Request]:
+    """A request for "a" whose prompt had ``blocks``, bound to ``bid`` before the case."""
+    return bid, Request("a", prepared={PREFIX: tuple(blocks)})
 
 
 FILTER_CASES: dict[str, list[Case]] = {
@@ -149,26 +158,25 @@ SCORER_CASES: dict[str, list[Case]] = {
         Case(
             "the longest leading run, as a fraction of the request's blocks",
             A_PROMPT,
-            [
-                b("all", recent_blocks=frozenset(HEAD)),
-                b("half", recent_blocks=frozenset(HEAD[:2])),
-                b("gap", recent_blocks=frozenset({HEAD[0], HEAD[2], HEAD[3]})),
-                b("tail", recent_blocks=frozenset(HEAD[1:])),
-                b("none"),
-            ],
+            [b("all"), b("half"), b("gap"), b("tail"), b("none")],
             {"all": 1.0, "half": 0.5, "gap": 0.25, "tail": 0.0, "none": 0.0},
             PREFIX_ON,
+            bound=(
+                sent("all", HEAD),
+                sent("half", HEAD[:2]),
+                sent("gap", (HEAD[0], HEAD[2], HEAD[3])),
+                sent("tail", HEAD[1:]),
+            ),
         ),
         Case(
             "salted by the adapter: the same text sent for another adapter scores 0",
             A_PROMPT,
-            [b("1", recent_blocks=frozenset(OTHER_ADAPTER))],
+            [b("1")],
             {"1": 0.0},
             PREFIX_ON,
+            bound=(sent("1", OTHER_ADAPTER),),
         ),
-        Case(
-            "no whole block (or the scorer off): 0", A, [b("1", recent_blocks=frozenset(HEAD))], {"1": 0.0}, PREFIX_ON
-        ),
+        Case("no whole block (or the scorer off): 0", A, [b("1")], {"1": 0.0}, PREFIX_ON, bound=(sent("1", HEAD),)),
     ],
     "slot-pressure": [
         Case("fits: 1", A, [b("1", active={"x": 1}), b("2", active={"a": 1, "x": 1})], {"1": 1.0, "2": 1.0}),
@@ -209,8 +217,18 @@ def test_scorer(name: str, case: Case) -> None:
     plugin = registry.PLUGINS[name]
     assert isinstance(plugin, ScorerPlugin)
     scorer, weight = plugin.build(case.params)
-    assert dict(scorer(case.req, case.backends)) == case.want
+    assert dict(with_state(scorer, case)(case.req, case.backends)) == case.want
     assert weight == plugin.weight > 0
+
+
+def with_state(scorer: Scorer, case: Case) -> Scorer:
+    """``scorer`` told, through its hooks, of the requests ``case`` bound before (stateless: as is)."""
+    if isinstance(scorer, ScorerHooks):
+        for bid, req in case.bound:
+            scorer.on_bind(req, bid)
+    else:
+        assert not case.bound, "a stateless scorer keeps nothing"
+    return scorer
 
 
 @pytest.mark.parametrize(("name", "case"), plugin_cases(HOLD_CASES))
@@ -278,17 +296,16 @@ PERTURBED: dict[str, Any] = {
     "cached": frozenset({"a", "base"}),
     "load": 13,
     "kv_usage": 0.77,
-    "recent_blocks": frozenset(HEAD),
     "report": ReplicaReport(engine_healthy=True, adapters={"a": AdapterReport(ReplicaPhase.FAILED, "x")}),
 }
 BACKEND_FIELDS = {f.name for f in dataclasses.fields(Backend)}
 REQUEST_FIELDS = {f.name for f in dataclasses.fields(Request)}
 
 
-def answer(plugin: FilterPlugin | ScorerPlugin, req: Request, backends: Sequence[Backend]) -> Any:
+def answer(plugin: FilterPlugin | ScorerPlugin, case: Case, req: Request, backends: Sequence[Backend]) -> Any:
     if isinstance(plugin, FilterPlugin):
         return [x.id for x in plugin.build(PARAMS)(req, backends)]
-    return dict(plugin.build(PARAMS)[0](req, backends))
+    return dict(with_state(plugin.build(PARAMS)[0], case)(req, backends))
 
 
 @pytest.mark.parametrize("plugin", [*registry.FILTERS, *registry.SCORERS], ids=lambda p: p.name)
@@ -306,13 +323,13 @@ def test_a_plugin_reads_only_the_fields_it_declares(plugin: FilterPlugin | Score
     cases = (FILTER_CASES | SCORER_CASES)[plugin.name]
     unread = [f for f in PERTURBED if f not in plugin.reads]
     for case in cases:
-        before = answer(plugin, case.req, case.backends)
+        before = answer(plugin, case, case.req, case.backends)
         for field in unread:
             changed = [dataclasses.replace(x, **{field: PERTURBED[field]}) for x in case.backends]
-            assert answer(plugin, case.req, changed) == before, f"{plugin.name} reads {field}"
+            assert answer(plugin, case, case.req, changed) == before, f"{plugin.name} reads {field}"
         if "is_adapter" not in plugin.reads:
             flipped = dataclasses.replace(case.req, is_adapter=not case.req.is_adapter)
-            assert answer(plugin, flipped, case.backends) == before, f"{plugin.name} reads is_adapter"
+            assert answer(plugin, case, flipped, case.backends) == before, f"{plugin.name} reads is_adapter"
 
 
 def test_a_declared_field_is_really_read() -> None:
@@ -320,3 +337,98 @@ def test_a_declared_field_is_really_read() -> None:
     backends = [b("1"), b("2", active={"x": 1, "y": 1})]
     changed = [dataclasses.replace(x, active=PERTURBED["active"]) for x in backends]
     assert lora_affinity(A, backends) != lora_affinity(A, changed)
+
+
+# --- a stateful scorer's hooks, shown by the prefix scorer --------------------------------------
+TEXT = "".join(f"block {i}: ".ljust(64, "x") for i in range(4))
+
+
+def prefix_scorer(capacity: int | None = None) -> PrefixScorer:
+    plugin = registry.PLUGINS[PREFIX]
+    assert isinstance(plugin, ScorerPlugin)
+    scorer, _ = plugin.build(PREFIX_ON)
+    assert isinstance(scorer, PrefixScorer)
+    if capacity is not None:
+        scorer.capacity = capacity
+    return scorer
+
+
+@pytest.mark.parametrize(
+    ("model", "prompt", "want"),
+    [
+        ("a", TEXT, HEAD),
+        ("b", TEXT, OTHER_ADAPTER),
+        ("a", TEXT + "x" * 63, HEAD),
+        ("a", "x" * 63, None),
+        ("a", "", None),
+    ],
+    ids=[
+        "four whole blocks",
+        "salted by the adapter",
+        "a partial block is left out",
+        "under one block: nothing",
+        "no text",
+    ],
+)
+def test_prefix_prepare_hashes_the_prompt_once_salted_by_the_adapter(
+    model: str, prompt: str, want: tuple[int, ...] | None
+) -> None:
+    assert prefix_scorer().prepare(Request(model), prompt) == want
+
+
+def test_prefix_prepare_keeps_the_hashes_on_the_request_under_its_name() -> None:
+    on = registry.build("affinity", PREFIX_ON)
+    assert on.prepare(A, TEXT).prepared == {PREFIX: HEAD}
+    assert on.prepare(A, "short") is A  # nothing to keep: the same request
+    off = registry.build("affinity", PARAMS)
+    assert off.hooked == () and off.prepare(A, TEXT) is A  # the scorer off: nothing hashed
+
+
+@pytest.mark.parametrize(
+    ("bound", "want"),
+    [
+        ((HEAD,), 1.0),
+        ((HEAD[:1],), 0.25),
+        ((HEAD[1:],), 0.0),
+        ((HEAD[:1], HEAD[2:]), 0.25),
+        ((HEAD[:2], HEAD[:3]), 0.75),
+    ],
+    ids=["the whole head", "its first block", "the tail alone counts nothing", "a gap ends the run", "binds add up"],
+)
+def test_prefix_scores_the_leading_run_of_what_was_bound(bound: tuple[tuple[int, ...], ...], want: float) -> None:
+    scorer = prefix_scorer()
+    for blocks in bound:
+        scorer.on_bind(Request("a", prepared={PREFIX: blocks}), "1")
+    assert scorer(A_PROMPT, [b("1"), b("2")]) == {"1": want, "2": 0.0}
+
+
+def test_prefix_memory_is_bounded_per_backend_and_kept_only_for_backends_bound_to() -> None:
+    scorer = prefix_scorer(capacity=3)
+    scorer.on_bind(A_PROMPT, "1")  # four blocks into three: the tail goes first, the head stays
+    scorer.on_bind(A, "2")  # no blocks: no index made
+    indexes = scorer.indexes
+    assert set(indexes) == {"1"} and len(indexes["1"]) == 3
+    assert scorer(A_PROMPT, [b("1")]) == {"1": 0.75}
+    scorer.on_release(A_PROMPT, "1")  # the engine keeps a finished request's prefix
+    assert scorer(A_PROMPT, [b("1")]) == {"1": 0.75}
+
+
+def test_prefix_forgets_a_backend_that_is_reset_and_comes_back_empty() -> None:
+    scheduling = registry.build("affinity", PREFIX_ON)
+    scheduling.bound(A_PROMPT, "1")
+    scheduling.bound(A_PROMPT, "2")
+    scheduling.reset("1")  # it went down or left
+    (scorer,) = scheduling.hooked
+    assert scorer(A_PROMPT, [b("1"), b("2")]) == {"1": 0.0, "2": 1.0}
+    scheduling.bound(A, "1")  # it came back: a new engine, its cache empty until a prompt binds there
+    assert scorer(A_PROMPT, [b("1"), b("2")]) == {"1": 0.0, "2": 1.0}
+    scheduling.bound(A_PROMPT, "1")
+    assert scorer(A_PROMPT, [b("1"), b("2")]) == {"1": 1.0, "2": 1.0}
+
+
+def test_one_stateful_scorer_serves_both_chains_of_a_scheduling() -> None:
+    scheduling = registry.build("affinity", PREFIX_ON)
+    strict = [s for s, _ in scheduling.strict.scorers if isinstance(s, ScorerHooks)]
+    fallback = [s for s, _ in scheduling.fallback.scorers if isinstance(s, ScorerHooks)]
+    assert strict == fallback == list(scheduling.hooked) and len(scheduling.hooked) == 1
+    assert strict[0] is fallback[0]  # a bind the strict chain saw is what the best-effort chain reads

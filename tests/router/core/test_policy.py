@@ -186,14 +186,19 @@ def test_without_the_prefix_weight_the_affinity_policy_is_unchanged() -> None:
 
 # A conversation's eight leading blocks for adapter "a": held whole, or only its first two.
 HEAD = block_hashes("a", "".join(f"turn {i} ".ljust(BLOCK_CHARS, ".") for i in range(8)))
-A_HEAD = Request("a", prefix_blocks=HEAD)
-HELD, QUARTER = frozenset(HEAD), frozenset(HEAD[:2])
+A_HEAD = Request("a", prepared={PREFIX.name: HEAD})
+HELD, QUARTER = HEAD, HEAD[:2]
+
+
+def pb(bid: str, recent_blocks: tuple[int, ...] = (), **kw: Any) -> tuple[Backend, tuple[int, ...]]:
+    """A backend, and the blocks of requests for "a" bound there before (the prefix scorer's state)."""
+    return b(bid, **kw), recent_blocks
 
 
 @dataclass(frozen=True)
 class PrefixCase:
     id: str
-    backends: list[Backend]
+    backends: list[tuple[Backend, tuple[int, ...]]]
     with_prefix: str | None  # chosen with --prefix-weight 1.5
     without: str | None  # chosen by the default policy (the prefix off)
 
@@ -201,49 +206,49 @@ class PrefixCase:
 PREFIX_CASES = [
     PrefixCase(
         "the replica holding the conversation beats a load difference within the cap",
-        [b("held", active={"a": 3}, load=3, recent_blocks=HELD), b("idle", active={"a": 1}, load=1)],
+        [pb("held", active={"a": 3}, load=3, recent_blocks=HELD), pb("idle", active={"a": 1}, load=1)],
         "held",
         "idle",
     ),
     PrefixCase(
         "equal prefix scores: least-load decides",
-        [b("busy", active={"a": 3}, load=3, recent_blocks=HELD), b("idle", active={"a": 1}, load=1, recent_blocks=HELD)],
+        [pb("busy", active={"a": 3}, load=3, recent_blocks=HELD), pb("idle", active={"a": 1}, load=1, recent_blocks=HELD)],
         "idle",
         "idle",
     ),
     PrefixCase(
         "equal partial prefix scores: least-load decides",
-        [b("busy", active={"a": 3}, load=3, recent_blocks=QUARTER), b("idle", active={"a": 1}, load=1, recent_blocks=QUARTER)],
+        [pb("busy", active={"a": 3}, load=3, recent_blocks=QUARTER), pb("idle", active={"a": 1}, load=1, recent_blocks=QUARTER)],
         "idle",
         "idle",
     ),
     PrefixCase(
         "a longer leading run wins over a shorter one",
-        [b("all", active={"a": 2}, load=2, recent_blocks=HELD), b("quarter", active={"a": 1}, load=1, recent_blocks=QUARTER)],
+        [pb("all", active={"a": 2}, load=2, recent_blocks=HELD), pb("quarter", active={"a": 1}, load=1, recent_blocks=QUARTER)],
         "all",
         "quarter",
     ),
     PrefixCase(
         "bounded load excludes an over-cap replica whatever its prefix",
-        [b("held", active={"a": 20}, load=20, recent_blocks=HELD), b("idle", active={"a": 1}, load=1)],
+        [pb("held", active={"a": 20}, load=20, recent_blocks=HELD), pb("idle", active={"a": 1}, load=1)],
         "idle",
         "idle",
     ),
     PrefixCase(
         "lora-affinity dominates: active beats cold with the whole prefix",
-        [b("active", active={"a": 1}, load=1), b("cold", load=0, recent_blocks=HELD)],
+        [pb("active", active={"a": 1}, load=1), pb("cold", load=0, recent_blocks=HELD)],
         "active",
         "active",
     ),
     PrefixCase(
         "the prefix alone crosses no level: active beats warm with the whole prefix",
-        [b("active", active={"a": 1}, load=1), b("warm", active={"x": 1}, warm={"a"}, load=1, recent_blocks=HELD)],
+        [pb("active", active={"a": 1}, load=1), pb("warm", active={"x": 1}, warm={"a"}, load=1, recent_blocks=HELD)],
         "active",
         "active",
     ),
     PrefixCase(
         "a replica whose slots are full stays out whatever its prefix",
-        [b("full", active={"x": 1, "y": 1}, load=2, recent_blocks=HELD), b("cold", load=0)],
+        [pb("full", active={"x": 1, "y": 1}, load=2, recent_blocks=HELD), pb("cold", load=0)],
         "cold",
         "cold",
     ),
@@ -252,9 +257,12 @@ PREFIX_CASES = [
 
 @pytest.mark.parametrize("case", PREFIX_CASES, ids=lambda c: c.id)
 def test_prefix_locality_among_the_adapters_replicas(case: PrefixCase) -> None:
+    backends = [x for x, _ in case.backends]
     on = build(AFFINITY, PolicyParams(prefix_weight=PREFIX_WEIGHT))
-    assert on.strict.choose(A_HEAD, case.backends) == case.with_prefix
-    assert build(AFFINITY).strict.choose(A_HEAD, case.backends) == case.without
+    for x, blocks in case.backends:  # what was bound where, as the scheduler tells the scorer's hooks
+        on.bound(Request("a", prepared={PREFIX.name: blocks}), x.id)
+    assert on.strict.choose(A_HEAD, backends) == case.with_prefix
+    assert build(AFFINITY).strict.choose(A_HEAD, backends) == case.without
 
 
 @pytest.mark.parametrize(

@@ -144,17 +144,3 @@ def ep(address: str, ready: bool | None = True) -> dict[str, Any]:
 )
 def test_backend_urls(slices: list[dict[str, Any]], port_name: str | None, urls: list[str]) -> None:
     assert backend_urls(slices, port_name=port_name) == urls
-
-
-def test_a_bind_records_its_prompt_blocks_and_going_down_forgets_them() -> None:
-    """The prefix scorer's index: a bind's blocks are in the view at once; a backend that went
-    down may come back as a new engine, its prefix cache empty."""
-    s = up()
-    s.begin("a", is_adapter=True)  # no blocks (the scorer off, or a short prompt): nothing recorded
-    assert len(s.prefixes) == 0
-    s.begin("a", is_adapter=True, blocks=(11, 12, 13))
-    s.end("a", is_adapter=True)  # the request ending leaves its prefix in the engine's cache
-    view = s.view()
-    assert all(h in view.recent_blocks for h in (11, 12, 13)) and 14 not in view.recent_blocks
-    s.mark_down("connect")
-    assert 11 not in s.view().recent_blocks

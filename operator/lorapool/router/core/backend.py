@@ -6,7 +6,7 @@ mappings are live views that stay valid for the duration of one ``Policy.choose`
 
 from __future__ import annotations
 
-from collections.abc import Container, Mapping, Set
+from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -27,9 +27,9 @@ class Request:
     # what fair dispatch charges when the request binds (core.fairness).
     prompt_tokens: int = 0
     max_tokens: int | None = None
-    # The prompt's chained block hashes, salted by the model (scorers.prefix.block_hashes); ()
-    # unless the prefix scorer is on (--prefix-weight) and the prompt has a whole block.
-    prefix_blocks: tuple[int, ...] = ()
+    # Per-request data of the policy's stateful scorers, by plugin name (``policy.ScorerHooks.prepare``,
+    # computed once per request; empty when no scorer keeps any).
+    prepared: Mapping[str, object] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,9 +63,6 @@ class Backend:
     # The sidecar's usable report on the replica's pod (None: none; ``models`` then comes from
     # /v1/models). Admission reads it to say where an adapter stands (``reports.standing``).
     report: ReplicaReport | None = None
-    # Block hashes of prompts recently bound here (scorers.prefix.PrefixIndex): what the engine's
-    # prefix cache probably holds.
-    recent_blocks: Container[int] = frozenset()
 
     def slots_used(self) -> int:
         """Distinct adapters in flight: vLLM runs at most ``max_loras`` of them at once."""

@@ -5,7 +5,9 @@ is a small module that declares one ``PLUGIN`` (pickers: one per class in ``pick
 rules: one per function in ``hold_rules``);
 ``registry`` collects them by name and composes the named policies of ``--policy`` from them.
 A plugin also lists the ``Backend``/``Request`` fields it reads, so a test can check that
-nothing else changes its answer.
+nothing else changes its answer. A scorer that keeps per-request data or per-backend memory
+owns both through the optional hooks of ``policy.ScorerHooks`` (``scorers.prefix`` shows how);
+its factory builds one instance per ``Scheduling``, shared by the strict and best-effort chains.
 """
 
 from __future__ import annotations

@@ -4,12 +4,20 @@ Filters drop backends that must not take the request; scorers rate the survivors
 and carry a weight; the picker turns the weighted sums into one backend id. ``filter`` says
 which filter left nothing (by its plugin name), so ``admission`` can answer why (503, 404, a
 hold for a slot or a load) without running the filters again.
+
+A scorer that needs per-request data or per-backend memory owns both through ``ScorerHooks``
+(as the GIE endpoint picker's plugins do): ``prepare`` computes its data once per request (kept in
+``Request.prepared`` under the scorer's name), ``on_bind``/``on_release`` see every request bind to
+and leave a backend, ``on_backend_reset`` says a backend left or went down. ``Scheduling`` calls
+them for every hooked scorer of its chains, once per instance; the scheduler calls ``Scheduling``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from lorapool.router.core.backend import Backend, Request
 
@@ -19,6 +27,30 @@ Picker = Callable[[Mapping[str, float]], str | None]
 # Given a request no backend may take now and every backend's view: True to hold it in its
 # adapter's queue until a slot frees, False to send it best-effort at once.
 HoldRule = Callable[[Request, Sequence[Backend]], bool]
+
+
+class ScorerHooks:
+    """A stateful scorer's optional hooks (each a no-op here); a subclass is also the ``Scorer``
+    (``__call__``) and holds its per-backend state keyed by backend id, created on demand."""
+
+    name = ""  # the plugin's name: the key of its data in ``Request.prepared``
+
+    def __call__(self, req: Request, backends: Sequence[Backend]) -> Mapping[str, float]:
+        raise NotImplementedError
+
+    def prepare(self, req: Request, prompt: str) -> object | None:
+        """The scorer's data for ``req`` (whose prompt text is ``prompt``), computed once per
+        request before any decision; None: nothing to keep."""
+        return None
+
+    def on_bind(self, req: Request, backend: str) -> None:
+        """``req`` was bound to (or moved to) ``backend``."""
+
+    def on_release(self, req: Request, backend: str) -> None:
+        """``req``, bound to ``backend``, is over (done, failed, cancelled or moved)."""
+
+    def on_backend_reset(self, backend: str) -> None:
+        """``backend`` left the pool or went down: forget what is kept for it."""
 
 
 @dataclass(frozen=True)
@@ -71,3 +103,30 @@ class Scheduling:
     def holds(self) -> bool:
         """True when the policy may hold requests."""
         return self.hold is not None
+
+    @cached_property
+    def hooked(self) -> tuple[ScorerHooks, ...]:
+        """The scorers with hooks in either chain, each instance once."""
+        found: dict[int, ScorerHooks] = {}
+        for policy in (self.strict, self.fallback):
+            for score, _ in policy.scorers:
+                if isinstance(score, ScorerHooks):
+                    found.setdefault(id(score), score)
+        return tuple(found.values())
+
+    def prepare(self, req: Request, prompt: str) -> Request:
+        """``req`` with every hooked scorer's data for it (``req`` itself when none keeps any)."""
+        prepared = {h.name: data for h in self.hooked if (data := h.prepare(req, prompt)) is not None}
+        return dataclasses.replace(req, prepared=prepared) if prepared else req
+
+    def bound(self, req: Request, backend: str) -> None:
+        for hooks in self.hooked:
+            hooks.on_bind(req, backend)
+
+    def released(self, req: Request, backend: str) -> None:
+        for hooks in self.hooked:
+            hooks.on_release(req, backend)
+
+    def reset(self, backend: str) -> None:
+        for hooks in self.hooked:
+            hooks.on_backend_reset(backend)

@@ -34,7 +34,7 @@ from lorapool.router.core.filters.serves_model import PLUGIN as SERVES_MODEL
 from lorapool.router.core.hold_rules import ALWAYS, IF_ACTIVE
 from lorapool.router.core.pickers import HIGHEST_SCORE, ROUND_ROBIN
 from lorapool.router.core.plugin import FilterPlugin, HoldPlugin, PickerPlugin, Plugin, PolicyParams, ScorerPlugin
-from lorapool.router.core.policy import Policy, Scheduling
+from lorapool.router.core.policy import Policy, Scheduling, Scorer
 from lorapool.router.core.scorers.kv_cache import PLUGIN as KV_CACHE
 from lorapool.router.core.scorers.least_load import PLUGIN as LEAST_LOAD
 from lorapool.router.core.scorers.lora_affinity import PLUGIN as LORA_AFFINITY
@@ -51,12 +51,18 @@ class Profile:
     scorers: tuple[ScorerPlugin, ...]
     picker: PickerPlugin
 
-    def build(self, name: str, params: PolicyParams) -> Policy:
-        """The policy; a scorer whose weight is 0 with ``params`` (an opt-in one left off) is left out."""
+    def build(self, name: str, params: PolicyParams, shared: dict[str, tuple[Scorer, float]] | None = None) -> Policy:
+        """The policy; a scorer whose weight is 0 with ``params`` (an opt-in one left off) is left out.
+        ``shared``: scorers already built for another chain of the same scheduling, by name, reused
+        (and filled) so a stateful scorer keeps one state for both chains."""
+        built = {} if shared is None else shared
+        for s in self.counted(params):
+            if s.name not in built:
+                built[s.name] = s.build(params)
         return Policy(
             name,
             tuple((f.name, f.build(params)) for f in self.filters),
-            tuple(s.build(params) for s in self.counted(params)),
+            tuple(built[s.name] for s in self.counted(params)),
             self.picker.build(params),
         )
 
@@ -85,10 +91,11 @@ class NamedPolicy:
     hold: HoldPlugin = ALWAYS
 
     def build(self, params: PolicyParams) -> Scheduling:
-        strict = self.strict.build(str(self.name), params)
+        shared: dict[str, tuple[Scorer, float]] = {}  # one instance of each scorer for both chains
+        strict = self.strict.build(str(self.name), params, shared)
         if self.fallback is None:
             return Scheduling(strict, strict)
-        fallback = self.fallback.build(f"{self.name}-best-effort", params)
+        fallback = self.fallback.build(f"{self.name}-best-effort", params, shared)
         return Scheduling(strict, fallback, hold_plugin(params.hold_rule or self.hold.name).build(params))
 
 

@@ -15,7 +15,7 @@ view it builds. Not thread-safe: one event loop owns it.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from itertools import islice
 from typing import Any, Protocol
 
@@ -23,7 +23,6 @@ from lorapool.api.report import ReplicaReport
 from lorapool.api.vllm_metrics import VllmMetrics
 from lorapool.router.core.backend import Backend
 from lorapool.router.core.reports import served
-from lorapool.router.core.scorers.prefix import PrefixIndex
 
 # How many recently-run adapters to remember per backend (bounds memory with 1000s of adapters).
 RECENT_LIMIT = 4096
@@ -85,8 +84,6 @@ class BackendState:
         self._recent: OrderedDict[str, None] = OrderedDict()
         self._warm_cache: tuple[frozenset[str], frozenset[str]] | None = None
         self._scrape: tuple[set[str], int] | None = None  # (adapters seen, peak in-flight)
-        # Prompt blocks recently bound here (the prefix scorer's guess at the engine's prefix cache).
-        self.prefixes = PrefixIndex()
 
     @property
     def max_loras(self) -> int:
@@ -94,11 +91,8 @@ class BackendState:
         return self.reported_max_loras or self.default_max_loras
 
     # --- requests -------------------------------------------------------------------------
-    def begin(self, model: str, *, is_adapter: bool, blocks: Sequence[int] = ()) -> None:
-        """Count a request the router just bound to this backend; ``blocks``: its prompt's block
-        hashes (``Request.prefix_blocks``), which the engine will now hold in its prefix cache."""
-        if blocks:
-            self.prefixes.insert(blocks)
+    def begin(self, model: str, *, is_adapter: bool) -> None:
+        """Count a request the router just bound to this backend."""
         self.inflight_total += 1
         self.prefilling += 1
         if is_adapter:
@@ -132,12 +126,10 @@ class BackendState:
         self.up, self.down_reason = True, ""
 
     def mark_down(self, reason: str) -> None:
-        """Take the backend out of rotation until a poll succeeds; forget foreign load, and the
-        prompts sent there (an engine that comes back may be a new one, its prefix cache empty)."""
+        """Take the backend out of rotation until a poll succeeds; forget foreign load."""
         self.up, self.down_reason = False, reason
         self.foreign_active, self.foreign_load = frozenset(), 0
         self._scrape = None
-        self.prefixes.clear()
 
     # --- polls ----------------------------------------------------------------------------
     def scrape_started(self) -> None:
@@ -221,7 +213,6 @@ class BackendState:
             prefilling=self.prefilling,
             prefill_capacity=self.max_prefilling,
             report=self.report,
-            recent_blocks=self.prefixes,
         )
 
     def _touch(self, model: str) -> None:

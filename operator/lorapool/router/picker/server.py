@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import grpc
@@ -22,10 +22,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from lorapool.router.core.requestcount import RequestCounter
+from lorapool.router.lifecycle import Lifecycle, ReadOnlyBackendState, Scheduler
 from lorapool.router.picker.endpoints import Endpoints
 from lorapool.router.picker.service import Picker
 from lorapool.router.picker.tls import load_pair
-from lorapool.router.scheduler import Scheduler
 from lorapool.router.settings import RouterSettings
 from lorapool.router.telemetry import Telemetry
 
@@ -71,7 +71,8 @@ async def start_picker(
         ("grpc.max_send_message_length", message_bytes),
     ]
     server = grpc.aio.server(options=options)
-    picker = Picker(scheduler, telemetry, settings, requests, Endpoints(), upstream)
+    lifecycle = Lifecycle(scheduler, telemetry, settings, requests)
+    picker = Picker(lifecycle, settings, Endpoints(), upstream)
     external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(picker, server)
     address = f"{settings.host}:{settings.ext_proc_port}"
     if settings.ext_proc_insecure:
@@ -90,7 +91,9 @@ async def start_picker(
     for s in servers:
         await s.start()
     await health.set("liveness", health_pb2.HealthCheckResponse.SERVING)
-    task = asyncio.get_running_loop().create_task(_follow_readiness(health, scheduler, settings.poll_interval_s))
+    task = asyncio.get_running_loop().create_task(
+        _follow_readiness(health, lifecycle.backends, settings.poll_interval_s)
+    )
     log.info(
         "Started endpoint picker",
         extra={"address": address, "tls": not settings.ext_proc_insecure, "health_port": settings.ext_proc_health_port},
@@ -98,10 +101,12 @@ async def start_picker(
     return RunningPicker(servers, task)
 
 
-async def _follow_readiness(health: HealthServicer, scheduler: Scheduler, interval_s: float) -> None:
+async def _follow_readiness(
+    health: HealthServicer, backends: Callable[[], list[ReadOnlyBackendState]], interval_s: float
+) -> None:
     """Readiness (and the ext_proc service's status) is SERVING while a backend is up, as /health."""
     while True:
-        up = any(s.up for s in scheduler.backends())
+        up = any(s.up for s in backends())
         status = health_pb2.HealthCheckResponse.SERVING if up else health_pb2.HealthCheckResponse.NOT_SERVING
         for service in READY_SERVICES:
             await health.set(service, status)

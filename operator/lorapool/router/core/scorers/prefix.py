@@ -18,9 +18,16 @@ Python's ``hash()``, which changes per process; the chain starts from a hash of 
 (the adapter), so the same text for another adapter shares no block.
 
 Score: the fraction of the request's blocks that form the longest leading run present in the
-backend's ``PrefixIndex``, in [0, 1] (0 without blocks, as for a short prompt or with the scorer
-off). Reads: ``prefix_blocks`` (the request's hashes, computed once per request by the scheduler),
-``recent_blocks`` (the backend's index, updated when a request binds there).
+backend's ``PrefixIndex``, in [0, 1] (0 without blocks, as for a short prompt). Reads:
+``prepared`` (the request's hashes, which ``PrefixScorer.prepare`` computed once per request) and
+the scorer's own index per backend ``id``.
+
+State (``PrefixScorer``, a stateful scorer: ``policy.ScorerHooks``): the scorer owns both its data
+and its memory. ``prepare`` hashes a request's prompt once, before any decision; ``on_bind``
+inserts the blocks into the bound backend's index (created then); ``on_backend_reset`` (the
+backend left or went down: an engine that comes back may be a new one, its prefix cache empty)
+drops that backend's index. Nothing else in the router knows about prefixes; built only when its
+weight is above 0, so with the scorer off no prompt is hashed.
 
 Weight: off unless ``--prefix-weight W`` (``PolicyParams.prefix_weight``, 0 by default); the flag
 alone gives ``PREFIX_WEIGHT`` = 1.5, placed between least-load's 1 and lora-affinity's level gap
@@ -40,7 +47,7 @@ of payload per backend); in CPython an ``OrderedDict`` entry and its int cost ab
 (measured with tracemalloc), so about 3 MiB per backend at the bound. A bind inserts the request's
 blocks as most recent, the first block last, so eviction takes a prompt's tail before its head, as
 vLLM frees a request's blocks tail first; a backend that leaves takes its index with it (one that
-goes down forgets it). Per request: at most 128 chained blake2b hashes (~0.5 us a block on the
+goes down forgets it: ``on_backend_reset``). Per request: at most 128 chained blake2b hashes (~0.5 us a block on the
 shared 2-core machine: ~8 us for 1000 characters, ~70 us at the cap), one membership test per
 candidate and leading block matched, and at most 128 index updates at bind (~7 us). Pure; nothing
 here logs, and neither prompt text nor hashes go into logs or metric labels.
@@ -55,12 +62,14 @@ from functools import lru_cache
 
 from lorapool.router.core.backend import Backend, Request
 from lorapool.router.core.plugin import PolicyParams, ScorerPlugin
+from lorapool.router.core.policy import ScorerHooks
 
 BLOCK_CHARS = 64  # ~16 tokens at ~4 characters a token (vLLM's default --block-size 16)
 MAX_BLOCKS = 128  # hashed per request: bounds the CPU (8192 characters of prompt)
 INDEX_BLOCKS = 16384  # hashes remembered per backend (about 3 MiB in CPython, 8 bytes of payload each)
 PREFIX_WEIGHT = 1.5  # --prefix-weight given alone (the module docstring says why)
 _DIGEST_BYTES = 8
+NAME = "prefix"
 
 
 @lru_cache(maxsize=4096)
@@ -128,12 +137,43 @@ def leading_run(blocks: Sequence[int], index: Container[int]) -> int:
     return run
 
 
-def prefix(req: Request, backends: Sequence[Backend]) -> Mapping[str, float]:
-    """Fraction of the request's blocks cached (probably) on each backend, as a leading run."""
-    blocks = req.prefix_blocks
-    if not blocks:
-        return {b.id: 0.0 for b in backends}
-    return {b.id: leading_run(blocks, b.recent_blocks) / len(blocks) for b in backends}
+def blocks_of(req: Request) -> tuple[int, ...]:
+    """The request's block hashes, as ``PrefixScorer.prepare`` kept them (() without)."""
+    blocks = req.prepared.get(NAME, ())
+    return blocks if isinstance(blocks, tuple) else ()
+
+
+class PrefixScorer(ScorerHooks):
+    """The scorer and its state: one ``PrefixIndex`` per backend id that a request was bound to."""
+
+    name = NAME
+
+    def __init__(self, capacity: int = INDEX_BLOCKS) -> None:
+        PrefixIndex(capacity)  # refuses a bad capacity now, not at the first bind
+        self.capacity = capacity
+        self.indexes: dict[str, PrefixIndex] = {}
+
+    def __call__(self, req: Request, backends: Sequence[Backend]) -> Mapping[str, float]:
+        """Fraction of the request's blocks cached (probably) on each backend, as a leading run."""
+        blocks = blocks_of(req)
+        if not blocks:
+            return {b.id: 0.0 for b in backends}
+        empty: frozenset[int] = frozenset()
+        return {b.id: leading_run(blocks, self.indexes.get(b.id, empty)) / len(blocks) for b in backends}
+
+    def prepare(self, req: Request, prompt: str) -> tuple[int, ...] | None:
+        """The prompt's chained block hashes, salted by the model (None: no whole block)."""
+        return block_hashes(req.model, prompt) or None
+
+    def on_bind(self, req: Request, backend: str) -> None:
+        if blocks := blocks_of(req):
+            index = self.indexes.get(backend)
+            if index is None:
+                index = self.indexes[backend] = PrefixIndex(self.capacity)
+            index.insert(blocks)
+
+    def on_backend_reset(self, backend: str) -> None:
+        self.indexes.pop(backend, None)
 
 
 def weight(params: PolicyParams) -> float:
@@ -142,9 +182,9 @@ def weight(params: PolicyParams) -> float:
 
 
 PLUGIN = ScorerPlugin(
-    "prefix",
-    lambda _params: prefix,
+    NAME,
+    lambda _params: PrefixScorer(),
     weight=PREFIX_WEIGHT,
-    reads=("prefix_blocks", "recent_blocks"),
+    reads=("prepared",),
     weight_of=weight,
 )
