@@ -9,11 +9,13 @@ import pytest
 
 from lorapool.api.load import parse_object
 from lorapool.api.models import LoRAPool
+from lorapool.api.routerpolicy import PolicyState
 from lorapool.api.status import AdapterPhase, ConditionType, LoRAAdapterStatus, LoRAPoolStatus
 from lorapool.controller.gateway import GatewayObserved
 from lorapool.controller.status import (
     AdapterResult,
     Observed,
+    RouterPolicyObserved,
     adapter_object_status,
     invalid_spec_status,
     merge_conditions,
@@ -110,6 +112,8 @@ def test_every_condition_type_written_is_documented(observed: tuple[Observed, st
         observed[0], gateway=GatewayObserved("ml", "p", served=False, inference_pool=None, picker_ready=False)
     )
     written |= {c.type for c in pool_status(gateway_door).conditions}
+    routers = replace(observed[0], router_policy=RouterPolicyObserved("h", (("p-router-0", PolicyState("h")),)))
+    written |= {c.type for c in pool_status(routers).conditions}
     for phase in AdapterPhase:
         written |= {
             c.type for c in adapter_object_status("p", 1, AdapterResult("a", "LoRAAdapter", 8, phase)).conditions
@@ -184,3 +188,54 @@ def test_an_accepted_adapter_of_a_pool_without_a_plan_says_why_it_will_not_load(
     ready = next(c for c in status.conditions if c.type == "Ready")
     assert (ready.status, ready.reason) == ("False", "PoolNotServing") and "maxLoraRank=8" in ready.message
     assert next(c for c in status.conditions if c.type == "Accepted").status == "True"
+
+
+NEW, OLD, BAD = "a1b2c3d4e5f60718", "0011223344556677", "ffeeddccbbaa9988"
+ROUTER_POLICY_CASES = {
+    "every-router-runs-the-rendered-document": (
+        (("r-0", PolicyState(NEW)), ("r-1", PolicyState(NEW))),
+        ("True", "Accepted", "2/2 router pod(s) run policy document a1b2c3d4e5f60718"),
+    ),
+    "one-not-re-read-yet": (
+        (("r-0", PolicyState(NEW)), ("r-1", PolicyState(OLD))),
+        ("True", "Accepted", "1/2 router pod(s) run policy document a1b2c3d4e5f60718; 1 run 0011223344556677"),
+    ),
+    "one-refused-the-edit": (
+        (("r-0", PolicyState(NEW)), ("r-1", PolicyState(OLD, refused=BAD, reason="no scorer named 'x'"))),
+        ("False", "Refused", "router pod r-1 refused policy document ffeeddccbbaa9988: no scorer named 'x'; it runs"),
+    ),
+    "none-reported-yet": ((("r-0", None),), ("Unknown", "NotReported", "no router pod has reported")),
+    "no-router-pods": ((), ("Unknown", "NotReported", "no router pod runs")),
+}
+
+
+@pytest.mark.parametrize(("routers", "want"), list(ROUTER_POLICY_CASES.values()), ids=list(ROUTER_POLICY_CASES))
+def test_router_policy_condition_says_what_the_routers_run(
+    routers: tuple[tuple[str, PolicyState | None], ...], want: tuple[str, str, str]
+) -> None:
+    status = pool_status(replace(BASE, router_policy=RouterPolicyObserved(NEW, routers)))
+    [got] = [c for c in status.conditions if c.type == ConditionType.ROUTER_POLICY_ACCEPTED]
+    assert (got.status, got.reason) == want[:2]
+    assert got.message.startswith(want[2])
+
+
+def test_router_policy_condition_comes_from_the_router_pods_annotation() -> None:
+    """The router's publisher writes the annotation, api.pods reads it, decide compares it with the render."""
+    from lorapool.api.pods import router_pods
+    from lorapool.api.routerpolicy import ANNOTATION, encode_state
+    from lorapool.controller.decide import router_policy_observed
+    from lorapool.render.manifests import router_policy
+
+    pool = spec_pool()
+    rendered = router_policy(pool).hash
+    refused = PolicyState(rendered, refused=BAD, reason="--policy-file /f: profiles.strict.filters.0: ...")
+    listed = [
+        {"metadata": {"name": "p-router-a", "annotations": {ANNOTATION: encode_state(refused)}}},
+        {"metadata": {"name": "p-router-b", "annotations": {ANNOTATION: encode_state(PolicyState(rendered))}}},
+        {"metadata": {"name": "p-router-c", "deletionTimestamp": "2026-01-01T00:00:00Z"}},
+    ]
+    observed = router_policy_observed(pool, router_pods(listed))
+    assert observed.routers == (("p-router-a", refused), ("p-router-b", PolicyState(rendered)))
+    got = pool_status(replace(BASE, router_policy=observed)).conditions[-1]
+    assert (got.type, got.status, got.reason) == ("RouterPolicyAccepted", "False", "Refused")
+    assert "router pod p-router-a refused policy document ffeeddccbbaa9988" in got.message

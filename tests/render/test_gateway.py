@@ -131,7 +131,7 @@ def test_a_tls_secret_is_mounted_read_only_and_self_signing_needs_no_volume(exam
     assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
     self_signed = render(pool_doc(example_doc, frontDoor="gateway", gateway=GATEWAY))
     pod = router_pod(self_signed, name)
-    assert [v["name"] for v in pod["volumes"]] == ["traffic"]  # only the traffic ConfigMap
+    assert [v["name"] for v in pod["volumes"]] == ["traffic", "router-policy"]  # only the two ConfigMaps
     assert "--ext-proc-tls-cert" not in pod["containers"][0]["args"]
     assert "--ext-proc-message-timeout" not in pod["containers"][0]["args"]  # Envoy's default, the router's too
 

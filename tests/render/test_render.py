@@ -201,15 +201,24 @@ def test_dispatch_renders_router_flags_its_own_parser_accepts(example_doc: dict[
     assert settings.max_queue_wait_s == 30.0
 
 
-def test_prefix_weight_renders_the_router_flag_its_own_parser_accepts(example_doc: dict[str, Any]) -> None:
+def test_prefix_weight_renders_a_policy_document_the_router_builds(example_doc: dict[str, Any]) -> None:
+    """spec.router.prefixWeight goes into <pool>-router-policy (weights.prefix), not onto the command
+    line; the router's own parser and builder read the rendered file into the prefix scorer's weight."""
     import argparse
 
+    from lorapool.api.routerpolicy import ROUTER_POLICY_CONFIGMAP_KEY, RouterPolicyDocument
     from lorapool.router.cli import configure, settings_from
+    from lorapool.router.core.document import resolve
 
     doc = copy.deepcopy(example_doc)
-    assert "--prefix-weight" not in _router_args(doc)  # off by default: the policy is exactly affinity
+    name = doc["metadata"]["name"]
+    args = _router_args(doc)
+    assert "--prefix-weight" not in args and "--policy" not in args  # the document carries both
+    assert args[args.index("--policy-file") + 1] == f"{names.ROUTER_POLICY_MOUNT}/{ROUTER_POLICY_CONFIGMAP_KEY}"
     doc["spec"].setdefault("router", {})["prefixWeight"] = 1.5
+    data = by_kind(render(doc), "ConfigMap", names.router_policy_configmap(name))["data"][ROUTER_POLICY_CONFIGMAP_KEY]
+    assert resolve(RouterPolicyDocument.from_json(data)).prefix_weight == 1.5
     parser = argparse.ArgumentParser()
     configure(parser)
     settings = settings_from(parser.parse_args(_router_args(doc)[1:]))
-    assert settings.prefix_weight == 1.5 and settings.policy_params().prefix_weight == 1.5
+    assert settings.policy_flags == ()  # no policy flag rendered: the document alone decides

@@ -7,7 +7,9 @@ them once per list in a reconcile and hands them to ``controller.decide``, ``.ho
 ``.tuning``; ``controller.triggers`` reads one per watch event; the router keeps one per pod
 from its watch (``router.core.reports``). "Is this pod serving" has its one home here
 (``EnginePod.serving``). ``router_pods`` does the same for the router Pods whose request
-counts (``lorapool.api.requests``) placement sizes k from.
+counts (``lorapool.api.requests``) placement sizes k from, and whose policy state
+(``lorapool.api.routerpolicy``: the document it runs, the edit it refused) the pool's
+``RouterPolicyAccepted`` condition reads.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 from lorapool.api.report import ANNOTATION, ReplicaReport, pod_report
 from lorapool.api.requests import RequestWindow, pod_requests
+from lorapool.api.routerpolicy import PolicyState, pod_policy_state
 
 # The engine pod's annotations the operator writes (re-exported by ``lorapool.render.names``):
 # its stable placement slot, and the deletion cost that makes a scale-down remove the top slot.
@@ -132,17 +135,24 @@ def engine_pods(items: Iterable[Mapping[str, Any]], known: Iterable[EnginePod] =
 @dataclass(frozen=True)
 class RouterPod:
     """What the operator reads of one router Pod: its last closed window of request counts
-    (``lorapool.api.requests``), decoded here once per list, and whether it is being deleted."""
+    (``lorapool.api.requests``) and its policy state (``lorapool.api.routerpolicy``), decoded here
+    once per list, and whether it is being deleted."""
 
     name: str
     terminating: bool = False
     requests: RequestWindow | None = None  # None: none written yet (an old router) or unreadable
+    policy: PolicyState | None = None  # None: none written yet (starting, an old router) or unreadable
 
 
 def router_pod(pod: Mapping[str, Any]) -> RouterPod:
     """Read one router Pod as the API server returns it (camelCase dict)."""
     meta = pod.get("metadata") or {}
-    return RouterPod(name=str(meta.get("name") or ""), terminating=terminating(pod), requests=pod_requests(pod))
+    return RouterPod(
+        name=str(meta.get("name") or ""),
+        terminating=terminating(pod),
+        requests=pod_requests(pod),
+        policy=pod_policy_state(pod),
+    )
 
 
 def router_pods(items: Iterable[Mapping[str, Any]]) -> tuple[RouterPod, ...]:

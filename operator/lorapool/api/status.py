@@ -54,6 +54,7 @@ class ConditionType(StrEnum):
     RECONCILING = "Reconciling"  # kstatus: abnormal-true twin of Progressing
     STALLED = "Stalled"  # kstatus: abnormal-true, the spec cannot be served until it changes
     INFERENCE_POOL_READY = "InferencePoolReady"  # LoRAPool with the gateway door: a gateway routes to it
+    ROUTER_POLICY_ACCEPTED = "RouterPolicyAccepted"  # LoRAPool: no router refused its policy document
 
 
 class ConditionStatus(StrEnum):

@@ -28,6 +28,7 @@ from lorapool.controller.status import (
     AdapterResult,
     Observed,
     Presence,
+    RouterPolicyObserved,
 )
 from lorapool.errors import LoRAPoolError
 from lorapool.plan.adapters import Merged, PoolAdapter
@@ -36,7 +37,7 @@ from lorapool.plan.holders import Placement
 from lorapool.plan.planner import Plan
 from lorapool.render import names
 from lorapool.render.desired import desired_state
-from lorapool.render.manifests import RenderOptions
+from lorapool.render.manifests import RenderOptions, router_policy
 
 Obj = dict[str, Any]
 PLAN_FLAGS = ("maxLoras", "maxLoraRank", "maxCpuLoras")  # a change of any of these rolls the engine pods
@@ -168,6 +169,7 @@ class Decision:
     objects: tuple[Obj, ...]  # children to server-side apply, in order; none while the plan is invalid
     identities: Mapping[str, str] = field(default_factory=dict)  # rendered adapter -> identity the sidecars load
     placement: Placement | None = None  # where each adapter lives; None while the plan is invalid
+    routers: tuple[RouterPod, ...] = ()  # the router pods as read before the apply (their policy state)
 
 
 def decide(
@@ -195,7 +197,9 @@ def decide(
     servable = [(a, v.rank) for a, v in zip(merged.adapters, verdicts, strict=True) if v.phase != AdapterPhase.FAILED]
     want = desired_state(pool, servable, options, pods=pods, routers=routers, status=status, now=now, tuned=tuned)
     adapters = (*verdicts, *unmerged(merged, invalid))
-    return Decision(want.plan, want.plan_errors, adapters, want.objects, want.identities, want.placement)
+    return Decision(
+        want.plan, want.plan_errors, adapters, want.objects, want.identities, want.placement, tuple(routers)
+    )
 
 
 # --- 5. observe ------------------------------------------------------------------------------
@@ -277,7 +281,17 @@ def observe(
         placement=decision.placement,
         gateway=gateway,
         engine_versions=engine_versions(pods),
+        router_policy=router_policy_observed(pool, decision.routers),
     )
+
+
+def router_policy_observed(pool: LoRAPool, routers: Sequence[RouterPod]) -> RouterPolicyObserved:
+    """The routers' policy state beside the document rendered now (``render.configmaps.router_policy``).
+
+    The router pods are the ones read before the apply (``decide``'s ``routers``): a router that just
+    refused an edit shows at the next reconcile or resync, as its request counts do."""
+    live = tuple((r.name, r.policy) for r in routers if not r.terminating)
+    return RouterPolicyObserved(router_policy(pool).hash, live)
 
 
 # --- 6. report -------------------------------------------------------------------------------

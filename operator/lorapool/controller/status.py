@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lorapool.api.clock import rfc3339
+from lorapool.api.routerpolicy import PolicyState
 from lorapool.api.status import (
     AdapterPhase,
     AdapterStatus,
@@ -106,6 +107,40 @@ def served_message(r: AdapterResult, p: Presence) -> str:
 
 
 @dataclass(frozen=True)
+class RouterPolicyObserved:
+    """What the pool's router pods (not terminating) say of their policy document, beside the one rendered."""
+
+    expected: str  # the hash of the <pool>-router-policy document this reconcile rendered
+    routers: tuple[tuple[str, PolicyState | None], ...]  # pod name -> its published state (None: none yet)
+
+
+def router_policy_condition(o: RouterPolicyObserved, generation: int | None) -> Condition:
+    """RouterPolicyAccepted: False while a router pod reports an edit it refused (it runs the last good
+    document), True when every reporting router runs a document, Unknown while none has reported."""
+    kind = ConditionType.ROUTER_POLICY_ACCEPTED
+    refused = [(pod, st) for pod, st in o.routers if st is not None and st.refused is not None]
+    if refused:
+        pod, st = refused[0]
+        more = f" (and {len(refused) - 1} more router pod(s))" if len(refused) > 1 else ""
+        message = (
+            f"router pod {pod}{more} refused policy document {st.refused}: {st.reason}; it runs {st.running}, "
+            "the last good one: fix spec.router (or the ConfigMap's policy.json) so the routers accept it"
+        )
+        return condition(kind, False, "Refused", message, generation)
+    reporting = [(pod, st) for pod, st in o.routers if st is not None]
+    if not reporting:
+        message = "no router pod has reported its policy document yet" if o.routers else "no router pod runs"
+        return Condition(type=kind.value, status=ConditionStatus.UNKNOWN.value, reason="NotReported",
+                         message=message, observed_generation=generation)  # fmt: skip
+    current = sum(st.running == o.expected for _, st in reporting)
+    message = f"{current}/{len(o.routers)} router pod(s) run policy document {o.expected}"
+    if current < len(reporting):
+        others = sorted({st.running for _, st in reporting if st.running != o.expected})
+        message += f"; {len(reporting) - current} run {', '.join(others)} (a flag over it, or not re-read yet)"
+    return condition(kind, True, "Accepted", message, generation)
+
+
+@dataclass(frozen=True)
 class Observed:
     """Everything a pool's status is computed from."""
 
@@ -126,6 +161,7 @@ class Observed:
     engine_versions: Mapping[str | None, int] = field(
         default_factory=dict
     )  # vLLM version -> Ready pods (None: unknown)
+    router_policy: RouterPolicyObserved | None = None  # the routers' policy state; None: not observed
 
     def of(self, name: str) -> Presence:
         return self.presence.get(name, NOWHERE)
@@ -146,6 +182,8 @@ def pool_status(o: Observed) -> LoRAPoolStatus:
     )
     conditions = _invalid_plan_conditions(o) if o.plan_errors else _serving_conditions(o, counts)
     door = [inference_pool_condition(o.gateway, o.generation)] if o.gateway is not None else []
+    if o.router_policy is not None:
+        door.append(router_policy_condition(o.router_policy, o.generation))
     return LoRAPoolStatus(
         observed_generation=o.generation,
         conditions=[*conditions, *_kstatus_conditions(o, conditions[1]), *door],

@@ -1,8 +1,10 @@
-"""The pool's two ConfigMaps: ``<pool>-adapters`` (the adapter set the sidecars sync) and
-``<pool>-traffic`` (the priorities and limits the routers enforce). Pure.
+"""The pool's ConfigMaps: ``<pool>-adapters`` (the adapter set the sidecars sync), ``<pool>-traffic``
+(the priorities and limits the routers enforce) and ``<pool>-router-policy`` (the routers' policy
+document, from ``spec.router``). Pure.
 
-Called by ``lorapool.render.manifests.render_pool``. Adapters change only these two objects, never
-the engine pod template, so adding or removing one rolls no pod.
+Called by ``lorapool.render.manifests.render_pool``. Adapters change only the first two, never
+the engine pod template, so adding or removing one rolls no pod; a change of ``spec.router``'s
+policy or prefixWeight changes only the third, which the routers re-read live.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from collections.abc import Mapping, Sequence
 
 from lorapool.api.adapterset import CONFIGMAP_KEY, AdapterSet, DesiredAdapter
 from lorapool.api.models import LoRAPool
+from lorapool.api.routerpolicy import ROUTER_POLICY_CONFIGMAP_KEY, RouterPolicyDocument, ScorerName, named_document
 from lorapool.api.traffic import TRAFFIC_CONFIGMAP_KEY, TrafficPolicy
 from lorapool.plan.adapters import PoolAdapter
 from lorapool.plan.planner import Plan
@@ -73,4 +76,21 @@ def traffic_configmap(pool: LoRAPool, adapters: Sequence[PoolAdapter]) -> Obj:
         "kind": "ConfigMap",
         "metadata": meta(pool, names.traffic_configmap(pool.metadata.name), "traffic"),
         "data": {TRAFFIC_CONFIGMAP_KEY: traffic_policy(pool, adapters).to_json()},
+    }
+
+
+def router_policy(pool: LoRAPool) -> RouterPolicyDocument:
+    """The routers' policy document: ``spec.router.policy``, with the prefix scorer's weight when
+    ``prefixWeight`` turns it on (a named policy, so the router's registry spells the chain out)."""
+    router = pool.spec.router
+    weights = {ScorerName.PREFIX: router.prefix_weight} if router.prefix_weight > 0 else None
+    return named_document(router.policy, weights=weights)
+
+
+def router_policy_configmap(pool: LoRAPool) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": meta(pool, names.router_policy_configmap(pool.metadata.name), "router"),
+        "data": {ROUTER_POLICY_CONFIGMAP_KEY: router_policy(pool).to_json()},
     }

@@ -3,13 +3,14 @@
 ``render_pool`` is what `lorapool render` prints and what the operator server-side
 applies, object for object, so a GitOps review of the output is a review of the
 cluster. Adapters change only the ``<pool>-adapters`` ConfigMap (the sidecars hot-load
-them) and their priorities and limits only ``<pool>-traffic`` (the routers re-read it); the
-engine pod template changes, and pods roll, only when vLLM's flags do.
+them) and their priorities and limits only ``<pool>-traffic`` (the routers re-read it), as the
+routers' policy changes only ``<pool>-router-policy``; the engine pod template changes, and pods
+roll, only when vLLM's flags do.
 
 Called by the operator (``lorapool.controller``), ``lorapool render`` and the tests. This module
 composes; each object kind is rendered in its own module, whose public names it re-exports:
 
-- ``configmaps``: ``<pool>-adapters`` and ``<pool>-traffic``;
+- ``configmaps``: ``<pool>-adapters``, ``<pool>-traffic`` and ``<pool>-router-policy``;
 - ``engine``: the engine Deployment, its pod template and vLLM container (``sidecar``: the
   adapter-sync container; ``source_access``: what the pod needs to reach its sources);
 - ``services``: the engine and router Services; ``policies``: the engines' PDB and NetworkPolicy;
@@ -30,6 +31,8 @@ from lorapool.render.common import RenderOptions as RenderOptions
 from lorapool.render.configmaps import Holders as Holders
 from lorapool.render.configmaps import adapter_set as adapter_set
 from lorapool.render.configmaps import adapters_configmap as adapters_configmap
+from lorapool.render.configmaps import router_policy as router_policy
+from lorapool.render.configmaps import router_policy_configmap as router_policy_configmap
 from lorapool.render.configmaps import traffic_configmap as traffic_configmap
 from lorapool.render.configmaps import traffic_policy as traffic_policy
 from lorapool.render.engine import config_hash as config_hash
@@ -74,6 +77,7 @@ def render_pool(
         router_serviceaccount(pool),
         router_role(pool),
         router_rolebinding(pool),
+        router_policy_configmap(pool),
         *([router_service(pool)] if pool.spec.router.http else []),
         router_deployment(pool, plan, opts),
         *gateway.gateway_objects(pool),  # the InferencePool and its picker (docs/gateway.md)

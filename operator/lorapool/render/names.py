@@ -25,6 +25,8 @@ ADAPTERS_CONFIG_MOUNT = "/etc/lorapool"
 MODELS_MOUNT = "/models"
 # Where the router reads ``<pool>-traffic`` (a directory mount, so ConfigMap updates reach it).
 TRAFFIC_MOUNT = "/etc/lorapool/traffic"
+# Where the router reads ``<pool>-router-policy`` (a directory mount too, re-read live).
+ROUTER_POLICY_MOUNT = "/etc/lorapool/router-policy"
 # Placement (docs/placement.md): the operator gives each engine pod a stable slot (0..replicas-1)
 # in this annotation; the sidecar reads it through a downward-API file; the deletion cost makes a
 # scale-down remove the highest slot, so only that slot's adapters move. Both keys are defined
@@ -82,6 +84,11 @@ def adapters_configmap(pool: str) -> str:
 def traffic_configmap(pool: str) -> str:
     """Every adapter's priority and rate limits, for the routers (``api.traffic``)."""
     return f"{pool}-traffic"
+
+
+def router_policy_configmap(pool: str) -> str:
+    """The routers' policy document (``api.routerpolicy``): profiles, weights, plugin parameters."""
+    return f"{pool}-router-policy"
 
 
 def labels(pool: str, component: str) -> dict[str, str]:

@@ -1,5 +1,5 @@
 """The router Deployment ``<pool>-router``: its command line (where it finds the engines and their
-reports, its policy, the plan's LoRA capacity, fair dispatch) and its pod, off the GPU nodes. Pure.
+reports, its policy document, the plan's LoRA capacity, fair dispatch) and its pod, off the GPU nodes. Pure.
 
 Called by ``lorapool.render.manifests.render_pool``. With the gateway door the same pods also
 serve the endpoint picker (``lorapool.render.gateway`` adds its flags, ports and TLS volume).
@@ -8,6 +8,7 @@ serve the endpoint picker (``lorapool.render.gateway`` adds its flags, ports and
 from __future__ import annotations
 
 from lorapool.api.models import DispatchSpec, LoRAPool
+from lorapool.api.routerpolicy import ROUTER_POLICY_CONFIGMAP_KEY
 from lorapool.api.traffic import TRAFFIC_CONFIGMAP_KEY
 from lorapool.plan.gpus import GPU_PRESENT_LABEL, GPU_PRODUCT_LABEL
 from lorapool.plan.planner import Plan
@@ -47,8 +48,9 @@ def _router_args(pool: LoRAPool, plan: Plan) -> list[str]:
         # Route by what each engine's sidecar reports it holds (loaded, loading, failed).
         "--report-pods",
         f"{ns}/{names.selector_string(p, 'engine')}",
-        "--policy",
-        pool.spec.router.policy.value,
+        # The policy document (<pool>-router-policy: spec.router's policy and prefixWeight), re-read live.
+        "--policy-file",
+        f"{names.ROUTER_POLICY_MOUNT}/{ROUTER_POLICY_CONFIGMAP_KEY}",
         # The engines' LoRA capacity, known before vLLM reports it after its first step.
         "--max-loras",
         str(plan.max_loras),
@@ -59,8 +61,6 @@ def _router_args(pool: LoRAPool, plan: Plan) -> list[str]:
         f"{names.TRAFFIC_MOUNT}/{TRAFFIC_CONFIGMAP_KEY}",
         # Fair dispatch and the saturation caps, when the pool asks for them.
         *_dispatch_args(pool.spec.router.dispatch),
-        # Prefix locality among an adapter's holders, when the pool asks for it.
-        *(["--prefix-weight", f"{pool.spec.router.prefix_weight:g}"] if pool.spec.router.prefix_weight > 0 else []),
     ]
 
 
@@ -98,8 +98,16 @@ def router_deployment(pool: LoRAPool, plan: Plan, opts: RenderOptions) -> Obj:
     }
     volumes, mounts = gateway.picker_tls_mounts(pool)
     # Mounted without subPath so ConfigMap updates reach the running router.
-    volumes = [{"name": "traffic", "configMap": {"name": names.traffic_configmap(p)}}, *volumes]
-    container["volumeMounts"] = [{"name": "traffic", "mountPath": names.TRAFFIC_MOUNT, "readOnly": True}, *mounts]
+    volumes = [
+        {"name": "traffic", "configMap": {"name": names.traffic_configmap(p)}},
+        {"name": "router-policy", "configMap": {"name": names.router_policy_configmap(p)}},
+        *volumes,
+    ]
+    container["volumeMounts"] = [
+        {"name": "traffic", "mountPath": names.TRAFFIC_MOUNT, "readOnly": True},
+        {"name": "router-policy", "mountPath": names.ROUTER_POLICY_MOUNT, "readOnly": True},
+        *mounts,
+    ]
     pod: Obj = {
         "serviceAccountName": names.router(p),
         "enableServiceLinks": False,

@@ -19,6 +19,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     _add_listen_flags(parser, defaults)
     _add_backend_flags(parser)
     _add_policy_flags(parser, defaults)
+    _add_capacity_flags(parser, defaults)
     _add_limit_flags(parser, defaults)
     _add_saturation_flags(parser, defaults)
     _add_timing_flags(parser, defaults)
@@ -57,46 +58,73 @@ def _add_backend_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def policy_help() -> str:
+def policy_help(default: str = RouterSettings.policy) -> str:
     """``--policy``'s help: every registered policy with its summary and plugin chain."""
     lines = [f"{p.name}: {p.summary} [{p.strict.describe()}]" for p in registry.POLICIES.values()]
-    return "; ".join(lines) + " (default %(default)s)"
+    return "; ".join(lines) + f" (default {default})"
+
+
+POLICY_FLAGS = ("policy", "load_factor", "load_slack", "hold_rule", "prefix_weight")
+"""The flags that feed the policy document: with ``--policy-file`` each one given replaces the
+document's knob; their argparse default is None so that "given" can be told from "default"."""
 
 
 def _add_policy_flags(parser: argparse.ArgumentParser, d: RouterSettings) -> None:
-    parser.add_argument("--policy", choices=registry.names(), default=d.policy, help=policy_help())
+    over = " (with --policy-file: replaces the document's"
+    parser.add_argument(
+        "--policy-file",
+        metavar="FILE",
+        help="the router policy document (apiVersion lorapool.io/v1alpha1, kind RouterPolicy: profiles, weights,"
+        " plugin parameters; the <pool>-router-policy ConfigMap's policy.json, docs/router-policy.md), re-read"
+        " when it changes, the last good one kept on a bad edit; the policy flags given beside it (--policy,"
+        " --load-factor, --load-slack, --hold-rule, --prefix-weight) override its matching knobs; default: none,"
+        " the policy flags alone describe the policy",
+    )
+    parser.add_argument(
+        "--policy", choices=registry.names(), default=None, help=policy_help(d.policy) + over + " chain)"
+    )
     parser.add_argument(
         "--load-factor",
         type=float,
-        default=d.load_factor,
-        help="affinity: bounded-load cap as a multiple of the mean load (default %(default)s)",
+        default=None,
+        help=f"affinity: bounded-load cap as a multiple of the mean load (default {d.load_factor:g})"
+        + over
+        + " parameters.bounded-load.loadFactor)",
     )
     parser.add_argument(
         "--load-slack",
         type=float,
-        default=d.load_slack,
+        default=None,
         metavar="REQUESTS",
-        help="affinity: requests a backend may run above the mean before spreading (default %(default)s)",
+        help=f"affinity: requests a backend may run above the mean before spreading (default {d.load_slack:g})"
+        + over
+        + " parameters.bounded-load.loadSlack)",
     )
     parser.add_argument(
         "--prefix-weight",
         type=float,
         nargs="?",
         const=PREFIX_WEIGHT,
-        default=d.prefix_weight,
+        default=None,
         metavar="W",
         help="affinity: weight of the prefix scorer, which prefers, among the replicas lora-affinity ranks"
         " alike, the one recently sent the prompt's head for the same adapter (its KV prefix cache);"
         f" the flag alone: {PREFIX_WEIGHT:g}, between least-load's 1 and lora-affinity's level gap of 2"
-        " (default %(default)s: off)",
+        f" (default {d.prefix_weight:g}: off)" + over + " weights.prefix)",
     )
     parser.add_argument(
         "--hold-rule",
         choices=[p.name for p in registry.HOLDS],
         default=None,
         help="policies that hold: whether a request that fits no replica's LoRA slots waits for one"
-        " (hold-always) or only while its adapter runs somewhere (hold-if-active); default: the policy's",
+        " (hold-always) or only while its adapter runs somewhere (hold-if-active); default: the policy's"
+        + over
+        + " hold)",
     )
+
+
+def _add_capacity_flags(parser: argparse.ArgumentParser, d: RouterSettings) -> None:
+    """What the router assumes of the engines until they report it (not part of the policy document)."""
     parser.add_argument(
         "--max-loras",
         type=int,
@@ -274,6 +302,7 @@ def settings_from(args: argparse.Namespace) -> RouterSettings:
     from lorapool.router.podreports import parse_backend_pod
 
     pod = PodRef.parse(args.pod) if args.pod else PodRef.from_env()
+    d = RouterSettings()
 
     return RouterSettings(
         host=args.host,
@@ -283,10 +312,12 @@ def settings_from(args: argparse.Namespace) -> RouterSettings:
         port_name=args.port_name,
         report_pods=args.report_pods,
         backend_pods=tuple(parse_backend_pod(v) for v in args.backend_pod or ()),
-        policy=args.policy,
-        load_factor=args.load_factor,
-        load_slack=args.load_slack,
-        prefix_weight=args.prefix_weight,
+        policy_file=args.policy_file,
+        policy_flags=tuple(name for name in POLICY_FLAGS if getattr(args, name) is not None),
+        policy=args.policy or d.policy,
+        load_factor=d.load_factor if args.load_factor is None else args.load_factor,
+        load_slack=d.load_slack if args.load_slack is None else args.load_slack,
+        prefix_weight=d.prefix_weight if args.prefix_weight is None else args.prefix_weight,
         hold_rule=args.hold_rule or "",
         max_loras=args.max_loras,
         max_cpu_loras=args.max_cpu_loras,

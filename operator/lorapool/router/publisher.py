@@ -1,9 +1,14 @@
-"""Write each closed window of request counts on the router's own Pod (shell).
+"""Write each closed window of request counts, and the policy document in force, on the router's own Pod (shell).
 
 One strategic-merge patch of ``pods/<self>/status`` per closed window, carrying the annotation
 ``lorapool.io/requests`` (``api.requests``), which the operator sums over its pool's router pods
 into each adapter's request rate for placement. One write per router pod per window, never one
 per request; with the default 60 s window a pool of 3 routers costs 3 writes a minute.
+
+The router policy state (``api.routerpolicy.PolicyState``: the hash of the document in force, and
+the last edit refused with its reason) goes the same way, in the annotation
+``lorapool.io/router-policy``, written when it changes (at start, after each reload that applied
+or refused an edit), which the operator reads into the pool's ``RouterPolicyAccepted`` condition.
 
 A failed write is logged once per distinct reason (no credentials in it) and not retried on its
 own: the next window, a fresher one, is written at its close. Serving never waits on it.
@@ -12,7 +17,6 @@ own: the next window, a fresher one, is written at its close. Serving never wait
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -21,6 +25,8 @@ from collections.abc import Callable
 import aiohttp
 
 from lorapool.api.requests import ANNOTATION, RequestWindow, encode
+from lorapool.api.routerpolicy import ANNOTATION as POLICY_ANNOTATION
+from lorapool.api.routerpolicy import PolicyState, encode_state
 from lorapool.podstatus import ApiServer, PodRef, patch_status
 from lorapool.podstatus import session as api_session
 from lorapool.router.core.requestcount import RequestCounter
@@ -35,6 +41,11 @@ LATE_S = 0.01
 def patch_document(window: RequestWindow) -> str:
     """The Pod status patch that publishes ``window``."""
     return json.dumps({"metadata": {"annotations": {ANNOTATION: encode(window)}}}, separators=(",", ":"))
+
+
+def policy_patch(state: PolicyState) -> str:
+    """The Pod status patch that publishes the router's policy state."""
+    return json.dumps({"metadata": {"annotations": {POLICY_ANNOTATION: encode_state(state)}}}, separators=(",", ":"))
 
 
 class Publisher:
@@ -57,19 +68,55 @@ class Publisher:
         self.writes = 0
         self.failures = 0
         self.last_error: str | None = None
+        self.policy: PolicyState | None = None  # the policy state to publish
+        self.policy_sent: PolicyState | None = None  # the last one written
+        self._wake = asyncio.Event()
+
+    def set_policy_state(self, state: PolicyState) -> None:
+        """Publish ``state`` now (at the latest with the next window, when a write fails)."""
+        self.policy = state
+        self._wake.set()
 
     async def run(self, stop: asyncio.Event) -> None:
         async with api_session(self.server, self.timeout_s) as http:
             while not stop.is_set():
+                if self.policy is not None and self.policy != self.policy_sent:
+                    await self._write_policy(http, self.policy)
                 wait_s = self.counter.closes_at_s - self.clock() + LATE_S
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), max(wait_s, LATE_S))
+                await self._sleep(stop, max(wait_s, LATE_S))
                 if stop.is_set():
                     return
+                if self._wake.is_set() and self.clock() < self.counter.closes_at_s:
+                    continue  # woken for the policy state, not a window
                 self.counter.roll(self.clock(), self.wall())
                 window = self.counter.last  # GET /lorapool/requests may have closed it already
                 if window is not None and window is not self.sent:
                     await self._write(http, window)
+
+    async def _sleep(self, stop: asyncio.Event, wait_s: float) -> None:
+        """Until ``stop``, a new policy state or ``wait_s`` seconds, whichever comes first."""
+        if self._wake.is_set():
+            self._wake.clear()
+            if self.policy != self.policy_sent:
+                return
+        waits = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())}
+        try:
+            await asyncio.wait(waits, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in waits:
+                waiting.cancel()
+
+    async def _write_policy(self, http: aiohttp.ClientSession, state: PolicyState) -> None:
+        error = await patch_status(http, self.server, self.pod, policy_patch(state))
+        if error is not None:
+            self.failures += 1
+            log.warning(
+                "Failed to publish the router policy state on Pod; retrying",
+                extra={"kv": {"pod": str(self.pod), "error": error}},
+            )
+            return
+        self.policy_sent = state
+        self.writes += 1
 
     async def _write(self, http: aiohttp.ClientSession, window: RequestWindow) -> None:
         error = await patch_status(http, self.server, self.pod, patch_document(window))

@@ -21,15 +21,16 @@ import aiohttp
 from aiohttp import web
 
 from lorapool.api.pods import EnginePod
+from lorapool.api.routerpolicy import PolicyState
 from lorapool.podstatus import PodRef, api_server
 from lorapool.render.names import ENGINE_API_KEY_ENV
 from lorapool.router.app import build_app
-from lorapool.router.core import registry
 from lorapool.router.core.reports import backend_reports
 from lorapool.router.core.requestcount import RequestCounter
 from lorapool.router.endpointslices import EndpointSliceWatch, parse_target
 from lorapool.router.kubewatch import ListWatch
 from lorapool.router.podreports import parse_pods_target, pod_report_watch
+from lorapool.router.policyfile import Loaded, PolicyFile, from_flags, read, summary
 from lorapool.router.poller import Poller
 from lorapool.router.publisher import Publisher
 from lorapool.router.scheduler import Scheduler
@@ -146,12 +147,14 @@ class _Discovery:
 
 async def serve(settings: RouterSettings) -> None:
     """Run until a stop signal arrives."""
-    scheduling = registry.build(settings.policy, settings.policy_params())
+    first = read(Path(settings.policy_file), settings.policy_overrides()) if settings.policy_file else None
+    loaded = first[1] if first is not None else from_flags(settings.policy_overrides())
     if not settings.backends and not settings.endpointslices:
         raise ValueError("give --backend URL (repeatable) or --endpointslices NAMESPACE/SERVICE")
     pods_target = parse_pods_target(settings.report_pods) if settings.report_pods else None
     telemetry = Telemetry(max_model_labels=settings.max_model_labels)
-    scheduler = Scheduler(scheduling, settings, telemetry)
+    scheduler = Scheduler(loaded.scheduling, settings, telemetry)
+    policy = _policy_file(settings, first, loaded, scheduler, telemetry)
     traffic = TrafficFile(Path(settings.traffic_file), scheduler) if settings.traffic_file else None
     loop = asyncio.get_running_loop()
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=UPSTREAM_KEEPALIVE_S)
@@ -164,12 +167,14 @@ async def serve(settings: RouterSettings) -> None:
         await poller.poll_all()
         counter = RequestCounter(settings.requests_window_s, time.monotonic())
         publisher = publisher_for(settings, counter)
+        _publish_policy(publisher, policy, loaded)
         # The picker listens first, so an answering /livez means both doors are open.
         picker = await _start_picker(scheduler, telemetry, settings, counter)
         runner = await _start_site(build_app(scheduler, session, telemetry, settings, counter), settings)
-        _log_started(settings, scheduler)
+        _log_started(settings, scheduler, policy.running if policy is not None else loaded)
         polling = loop.create_task(poller.run())
         rereading = loop.create_task(traffic.run(settings.poll_interval_s)) if traffic is not None else None
+        rereading_policy = loop.create_task(policy.run(settings.poll_interval_s)) if policy is not None else None
         stop = asyncio.Event()
         publishing = loop.create_task(publisher.run(stop)) if publisher is not None else None
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -179,14 +184,44 @@ async def serve(settings: RouterSettings) -> None:
         finally:
             log.info("Stopping router")
             await _cancelled(polling)
-            if rereading is not None:
-                await _cancelled(rereading)
+            for task in (rereading, rereading_policy):
+                if task is not None:
+                    await _cancelled(task)
             if publishing is not None:  # a write in flight is dropped: the counts are a rate, not a ledger
                 await _cancelled(publishing)
             discovery.stop()
             if picker is not None:
                 await picker.stop()
             await runner.cleanup()
+
+
+def _policy_file(
+    settings: RouterSettings,
+    first: tuple[bytes, Loaded] | None,
+    loaded: Loaded,
+    scheduler: Scheduler,
+    telemetry: Telemetry,
+) -> PolicyFile | None:
+    """The live ``--policy-file`` (None without one: the flags' policy ``loaded``, its hash exported once)."""
+    if first is None or settings.policy_file is None:
+        telemetry.policy_running(loaded.hash, loaded.chain.name, "flags")
+        return None
+    policy = PolicyFile(
+        Path(settings.policy_file), settings.policy_overrides(), scheduler.set_policy, telemetry, first=first
+    )
+    log.info("Read router policy", extra={"kv": {**summary(policy.running), "flags": list(policy.overrides.given)}})
+    return policy
+
+
+def _publish_policy(publisher: Publisher | None, policy: PolicyFile | None, loaded: Loaded) -> None:
+    """Have the publisher write the policy state on the Pod now and after every reload."""
+    if publisher is None:
+        return
+    if policy is None:
+        publisher.set_policy_state(PolicyState(loaded.hash, source="flags"))
+        return
+    policy.on_state = publisher.set_policy_state
+    publisher.set_policy_state(policy.state)
 
 
 async def _start_picker(
@@ -209,14 +244,15 @@ async def _start_site(app: web.Application, settings: RouterSettings) -> web.App
     return runner
 
 
-def _log_started(settings: RouterSettings, scheduler: Scheduler) -> None:
+def _log_started(settings: RouterSettings, scheduler: Scheduler, policy: Loaded) -> None:
     backends = scheduler.backends()
     log.info(
         "Started router",
         extra={
             "address": f"http://{settings.host}:{settings.port}",
-            "policy": settings.policy,
-            "prefix_weight": settings.prefix_weight,
+            "policy": policy.chain.name,
+            "policy_hash": policy.hash,
+            "prefix_weight": policy.chain.prefix_weight,
             "backends": len(backends),
             "backends_up": sum(s.up for s in backends),
             "reports": sum(st.report is not None for st in backends),

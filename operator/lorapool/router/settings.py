@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 from lorapool.api.common import RouterPolicy
+from lorapool.router.core.document import Overrides
 from lorapool.router.core.plugin import DEFAULT_LOAD_FACTOR, DEFAULT_LOAD_SLACK, PolicyParams
 from lorapool.router.core.scorers.prefix import PREFIX_WEIGHT
 
@@ -30,6 +31,14 @@ class RouterSettings:
     # Static backends' pods (URL -> pod name) for their reports; EndpointSlices name their own
     # (targetRef), and a backend not named either way is matched by pod IP.
     backend_pods: tuple[tuple[str, str], ...] = ()
+    # The pool's router policy document (api.routerpolicy: profiles, weights, plugin parameters; the
+    # operator mounts the <pool>-router-policy ConfigMap), re-read every poll interval; None: the
+    # policy flags below describe the policy (docs/router-policy.md).
+    policy_file: str | None = None
+    # The policy flags (settings field names: policy, load_factor, load_slack, hold_rule,
+    # prefix_weight) given on the command line: with policy_file, each replaces the document's
+    # matching knob and the others come from the document; without it, every one counts.
+    policy_flags: tuple[str, ...] = ()
     # A name in registry.POLICIES (--policy).
     policy: str = RouterPolicy.AFFINITY.value
     # Bounded-load cap as a multiple of the mean load (1.25 as in KubeAI / CH-BL).
@@ -144,6 +153,26 @@ class RouterSettings:
                 f"--prefix-weight applies to --policy affinity, not {self.policy}"
                 " (the least-loaded and round-robin baselines stay prompt-blind); drop the flag or use affinity"
             )
+
+    def policy_overrides(self) -> Overrides:
+        """The policy flags that feed the document: all of them without ``--policy-file`` (their
+        defaults left out, so the flags' document stays minimal), else those given explicitly."""
+        if self.policy_file is None:
+            return Overrides(
+                policy=self.policy,
+                load_factor=self.load_factor if self.load_factor != DEFAULT_LOAD_FACTOR else None,
+                load_slack=self.load_slack if self.load_slack != DEFAULT_LOAD_SLACK else None,
+                hold_rule=self.hold_rule or None,
+                prefix_weight=self.prefix_weight or None,
+            )
+        given = set(self.policy_flags)
+        return Overrides(
+            policy=self.policy if "policy" in given else None,
+            load_factor=self.load_factor if "load_factor" in given else None,
+            load_slack=self.load_slack if "load_slack" in given else None,
+            hold_rule=(self.hold_rule or None) if "hold_rule" in given else None,
+            prefix_weight=self.prefix_weight if "prefix_weight" in given else None,
+        )
 
     def policy_params(self) -> PolicyParams:
         """The knobs the policy's plugin factories read."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -183,6 +183,28 @@ class Telemetry:
             "Responses cut short because a backend failed mid-response",
             registry=self.registry,
         )
+        self._register_policy_metrics()
+
+    def _register_policy_metrics(self) -> None:
+        """The router policy document in force (docs/router-policy.md): one series, its hash a label."""
+        self.policy_info = Gauge(
+            "lorapool_router_policy_info",
+            "The router policy document in force: 1 for its hash (16 hex digits of its SHA-256), name and source"
+            " (file: --policy-file, with any policy flags over it; flags: no file)",
+            ["hash", "policy", "source"],
+            registry=self.registry,
+        )
+        self.policy_reloads = Counter(
+            "lorapool_router_policy_reloads",
+            "Changes of --policy-file read, by result: applied, or refused (invalid: the last good document stays)",
+            ["result"],
+            registry=self.registry,
+        )
+
+    def policy_running(self, digest: str, policy: str, source: str) -> None:
+        """Say which document is in force (the previous one's series goes)."""
+        self.policy_info.clear()
+        self.policy_info.labels(digest, policy, source).set(1)
 
     def decided(self, kind: DecisionKind) -> None:
         """Count one routing decision."""
