@@ -46,6 +46,18 @@ GOOD = {
         "hold": "hold-always",
         "weights": {"least-load": 2},
     },
+    "dispatch and slots (what the operator renders from spec.router.dispatch and the plan)": {
+        "policy": "affinity",
+        "dispatch": {
+            "fair": True,
+            "maxPrefilling": 4,
+            "maxInflight": 16,
+            "maxQueueWaitSeconds": 7.5,
+            "maxWaitSeconds": 0,
+        },
+        "slots": {"maxLoras": 8, "maxCpuLoras": 307},
+    },
+    "slots without a CPU cache size": {"policy": "round-robin", "slots": {"maxLoras": 2}},
 }
 
 
@@ -114,6 +126,39 @@ BAD = {
         "parameters.bounded-load.loadFactor: Input should be greater than 0",
     ),
     "an unknown field": ({**HEAD, "policy": "affinity", "polcy": "x"}, "polcy: Extra inputs are not permitted"),
+    "a per-replica cap above spec.router.dispatch's": (
+        {**HEAD, "policy": "affinity", "dispatch": {"maxInflight": 5000}},
+        "dispatch.maxInflight: Value error, 5000 requests per replica is outside [0, 4096]; give 1 to 4096, or 0",
+    ),
+    "a negative prefill cap": (
+        {**HEAD, "policy": "affinity", "dispatch": {"maxPrefilling": -1}},
+        "dispatch.maxPrefilling: Value error, -1 requests per replica is outside [0, 4096]",
+    ),
+    "a queue wait of zero": (
+        {**HEAD, "policy": "affinity", "dispatch": {"maxQueueWaitSeconds": 0}},
+        "dispatch.maxQueueWaitSeconds: Value error, 0 s is outside (0, 600]; give a finite number of seconds in it",
+    ),
+    "an endless slot wait": (
+        {**HEAD, "policy": "affinity", "dispatch": {"maxWaitSeconds": 1e9}},
+        "dispatch.maxWaitSeconds: Value error, 1e+09 s is outside [0, 600]",
+    ),
+    "fair dispatch that is not a boolean": (
+        {**HEAD, "policy": "affinity", "dispatch": {"fair": "sometimes"}},
+        "dispatch.fair: Input should be a valid boolean",
+    ),
+    "an unknown dispatch knob": (
+        {**HEAD, "policy": "affinity", "dispatch": {"maxQueued": 10}},
+        "dispatch.maxQueued: Extra inputs are not permitted",
+    ),
+    "no LoRA slots": (
+        {**HEAD, "policy": "affinity", "slots": {"maxLoras": 0}},
+        "slots.maxLoras: Value error, 0 slots: give at least 1",
+    ),
+    "a CPU cache smaller than the GPU slots": (
+        {**HEAD, "policy": "affinity", "slots": {"maxLoras": 8, "maxCpuLoras": 4}},
+        "slots: Value error, maxCpuLoras=4 is below maxLoras=8 (vLLM requires max-cpu-loras >= max-loras); give at"
+        " least 8, or leave it out",
+    ),
 }
 
 
@@ -122,6 +167,19 @@ def test_bad_documents_are_refused_naming_the_field_and_the_fix(data: dict[str, 
     with pytest.raises(ValidationError) as caught:
         RouterPolicyDocument.model_validate_json(json.dumps(data))
     assert message in problems(caught.value)
+
+
+def test_dispatch_and_slots_at_their_defaults_leave_the_document_as_it_was() -> None:
+    """A document without dispatch or slots runs the router flags' defaults, and writing those defaults
+    out changes neither its text nor its hash (what routers publish)."""
+    plain = parse(policy="affinity")
+    spelled = parse(
+        policy="affinity",
+        dispatch={"fair": False, "maxPrefilling": 0, "maxInflight": 0, "maxQueueWaitSeconds": 30, "maxWaitSeconds": 2},
+        slots={"maxLoras": 1},
+    )
+    assert spelled.to_json() == plain.to_json() and spelled.hash == plain.hash
+    assert (plain.dispatch.max_wait_seconds, plain.dispatch.max_queue_wait_seconds, plain.slots.max_loras) == (2, 30, 1)
 
 
 def test_a_named_document_is_what_the_operator_renders() -> None:

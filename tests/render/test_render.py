@@ -180,25 +180,74 @@ def _router_args(doc: dict[str, Any]) -> list[str]:
     return args
 
 
-def test_dispatch_renders_router_flags_its_own_parser_accepts(example_doc: dict[str, Any]) -> None:
+def _policy_text(doc: dict[str, Any]) -> str:
+    from lorapool.api.routerpolicy import ROUTER_POLICY_CONFIGMAP_KEY
+
+    name = names.router_policy_configmap(doc["metadata"]["name"])
+    text: str = by_kind(render(doc), "ConfigMap", name)["data"][ROUTER_POLICY_CONFIGMAP_KEY]
+    return text
+
+
+def test_dispatch_and_slots_render_into_the_document_the_router_reads(example_doc: dict[str, Any]) -> None:
+    """spec.router.dispatch and the plan's maxLoras/maxCpuLoras go into <pool>-router-policy, not onto
+    the command line; the router's own parser and builder read the rendered file into its knobs."""
     import argparse
 
+    from lorapool.api.routerpolicy import RouterPolicyDocument
     from lorapool.router.cli import configure, settings_from
+    from lorapool.router.core.document import SchedulerKnobs, apply, knobs
 
     doc = copy.deepcopy(example_doc)
-    default = _router_args(doc)
-    assert not {"--fair-dispatch", "--max-prefilling", "--max-inflight", "--max-queue-wait"} & set(default)
+    flags = {"--fair-dispatch", "--max-prefilling", "--max-inflight", "--max-queue-wait", "--max-wait", "--max-loras"}
+    assert not (flags | {"--max-cpu-loras"}) & set(_router_args(doc))
     doc["spec"].setdefault("router", {})["dispatch"] = {"fair": True, "maxPrefilling": 4, "maxQueueWaitSeconds": 7.5}
-    args = _router_args(doc)
+    assert not (flags | {"--max-cpu-loras"}) & set(_router_args(doc))
     parser = argparse.ArgumentParser()
     configure(parser)
-    settings = settings_from(parser.parse_args(args[1:]))  # args[0] is the subcommand
-    assert (settings.fair_dispatch, settings.max_prefilling, settings.max_inflight) == (True, 4, 0)
-    assert settings.max_queue_wait_s == 7.5
+    settings = settings_from(parser.parse_args(_router_args(doc)[1:]))  # args[0] is the subcommand
+    assert settings.policy_flags == ()  # nothing over the document
+    rendered = apply(RouterPolicyDocument.from_json(_policy_text(doc)), settings.policy_overrides())
+    assert knobs(rendered) == SchedulerKnobs(
+        fair=True,
+        max_prefilling=4,
+        max_inflight=0,
+        max_queue_wait_s=7.5,
+        max_wait_s=2.0,
+        max_loras=8,
+        max_cpu_loras=307,
+    )
     doc["spec"]["router"]["dispatch"] = {"maxInflight": 16}  # a cap without fair order
-    settings = settings_from(parser.parse_args(_router_args(doc)[1:]))
-    assert (settings.fair_dispatch, settings.max_prefilling, settings.max_inflight) == (False, 0, 16)
-    assert settings.max_queue_wait_s == 30.0
+    got = knobs(RouterPolicyDocument.from_json(_policy_text(doc)))
+    assert (got.fair, got.max_prefilling, got.max_inflight, got.max_queue_wait_s) == (False, 0, 16, 30.0)
+
+
+def _template_hash(objects: list[dict[str, Any]], name: str) -> str:
+    import hashlib
+    import json
+
+    template = by_kind(objects, "Deployment", names.router(name))["spec"]["template"]
+    return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()
+
+
+CHANGES = {
+    "spec.router.dispatch": lambda d: (
+        d["spec"].setdefault("router", {}).update(dispatch={"fair": True, "maxInflight": 8, "maxQueueWaitSeconds": 5})
+    ),
+    "the plan's maxLoras and maxCpuLoras": lambda d: d["spec"]["lora"].update(maxLoras=16, maxCpuLoras=64),
+}
+
+
+@pytest.mark.parametrize("change", list(CHANGES.values()), ids=list(CHANGES))
+def test_a_dispatch_change_or_a_re_plan_rolls_no_router_pod(example_doc: dict[str, Any], change: Any) -> None:
+    """The router Deployment's pod template (its hash) stays; only <pool>-router-policy changes."""
+    name = example_doc["metadata"]["name"]
+    before = render(example_doc)
+    doc = copy.deepcopy(example_doc)
+    change(doc)
+    after = render(doc)
+    assert _template_hash(after, name) == _template_hash(before, name)
+    policy = names.router_policy_configmap(name)
+    assert by_kind(after, "ConfigMap", policy) != by_kind(before, "ConfigMap", policy)
 
 
 def test_prefix_weight_renders_a_policy_document_the_router_builds(example_doc: dict[str, Any]) -> None:

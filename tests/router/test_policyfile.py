@@ -15,7 +15,7 @@ from prometheus_client import generate_latest
 
 from lorapool.api.routerpolicy import PolicyState, RouterPolicyDocument, document_hash
 from lorapool.router.cli import configure, settings_from
-from lorapool.router.core.document import Overrides
+from lorapool.router.core.document import Overrides, SchedulerKnobs
 from lorapool.router.core.policy import Scheduling
 from lorapool.router.policyfile import PolicyFile, from_flags, read
 from lorapool.router.publisher import policy_patch
@@ -51,13 +51,15 @@ def _running(metrics: str) -> list[str]:
 
 
 class Applied:
-    """Stands in for ``Scheduler.set_policy``: what the file applied, in order."""
+    """Stands in for ``Scheduler.set_policy``: what the file applied, in order (the chains, the knobs)."""
 
     def __init__(self) -> None:
         self.policies: list[Scheduling] = []
+        self.knobs: list[SchedulerKnobs] = []
 
-    def __call__(self, scheduling: Scheduling) -> None:
+    def __call__(self, scheduling: Scheduling, knobs: SchedulerKnobs) -> None:
         self.policies.append(scheduling)
+        self.knobs.append(knobs)
 
 
 def test_a_live_edit_applies_and_a_bad_one_keeps_the_last_good(tmp_path: Path) -> None:
@@ -123,7 +125,19 @@ PRECEDENCE = {
     ),
     "a file and flags given: those flags over it": (
         ("--policy-file", "f", "--policy", "round-robin", "--load-slack", "3", "--max-wait", "5"),
-        Overrides(policy="round-robin", load_slack=3.0),
+        Overrides(policy="round-robin", load_slack=3.0, max_wait=5.0),
+    ),
+    "no file, the dispatch and slot flags": (
+        ("--fair-dispatch", "--max-inflight", "8", "--max-wait", "5", "--max-loras", "4", "--max-cpu-loras", "32"),
+        Overrides(policy="affinity", fair_dispatch=True, max_inflight=8, max_wait=5.0, max_loras=4, max_cpu_loras=32),
+    ),
+    "no file, dispatch flags at their defaults: left out": (
+        ("--max-wait", "2", "--max-inflight", "0", "--max-queue-wait", "30", "--max-loras", "1"),
+        Overrides(policy="affinity"),
+    ),
+    "a file and dispatch and slot flags given, even at their defaults": (
+        ("--policy-file", "f", "--max-queue-wait", "30", "--max-prefilling", "3", "--max-loras", "1"),
+        Overrides(max_prefilling=3, max_queue_wait=30.0, max_loras=1),
     ),
 }
 
@@ -133,6 +147,58 @@ def test_policy_flags_given_override_the_file(argv: tuple[str, ...], want: Overr
     assert _settings(*argv) == want
 
 
+DISPATCH = canonical(
+    "{" + HEAD + ', "policy": "affinity", "dispatch": {"fair": true, "maxInflight": 16, "maxWaitSeconds": 5},'
+    ' "slots": {"maxLoras": 8, "maxCpuLoras": 307}}'
+)
+
+
+def _knobs(path: Path, *argv: str) -> SchedulerKnobs:
+    return read(path, _settings("--policy-file", str(path), *argv))[1].knobs
+
+
+def test_dispatch_and_slot_flags_given_override_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "policy.json"
+    path.write_text(DISPATCH)
+    assert _knobs(path) == SchedulerKnobs(
+        fair=True, max_prefilling=0, max_inflight=16, max_queue_wait_s=30.0, max_wait_s=5.0, max_loras=8,
+        max_cpu_loras=307,
+    )  # fmt: skip
+    over = _knobs(path, "--max-inflight", "4", "--max-loras", "2", "--max-wait", "0.5", "--max-prefilling", "2")
+    assert (over.fair, over.max_inflight, over.max_prefilling, over.max_wait_s) == (True, 4, 2, 0.5)
+    assert (over.max_loras, over.max_cpu_loras) == (2, 307)  # the flag's slots, the document's CPU cache
+    with pytest.raises(ValueError, match=r": --max-loras over the policy document: slots: Value error, "
+                       r"maxCpuLoras=307 is below maxLoras=400"):  # fmt: skip
+        _knobs(path, "--max-loras", "400")
+
+
+def test_a_live_edit_applies_new_dispatch_and_slots(tmp_path: Path) -> None:
+    path = tmp_path / "policy.json"
+    path.write_text(AFFINITY)
+    applied = Applied()
+    policy = PolicyFile(path, Overrides(max_wait=9.0), applied, Telemetry())
+    assert policy.running.knobs.max_wait_s == 9.0 and not policy.running.knobs.fair  # the flag over the file
+    path.write_text(DISPATCH)
+    assert policy.reread()
+    [got] = applied.knobs
+    assert (got.fair, got.max_inflight, got.max_wait_s, got.max_loras) == (True, 16, 9.0, 8)
+
+
+FLAG_SETS = {
+    "defaults": (),
+    "dispatch": ("--fair-dispatch", "--max-prefilling", "4", "--max-inflight", "8", "--max-queue-wait", "7.5"),
+    "waits and slots": ("--max-wait", "30", "--max-loras", "4", "--max-cpu-loras", "32"),
+}
+
+
+@pytest.mark.parametrize("argv", list(FLAG_SETS.values()), ids=list(FLAG_SETS))
+def test_without_a_file_the_flags_document_sets_what_the_flags_always_set(argv: tuple[str, ...]) -> None:
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    settings = settings_from(parser.parse_args(["--backend", "http://127.0.0.1:1", *argv]))
+    assert from_flags(settings.policy_overrides()).knobs == settings.knobs()
+
+
 def test_every_existing_flag_keeps_its_default_without_a_file() -> None:
     parser = argparse.ArgumentParser()
     configure(parser)
@@ -140,7 +206,23 @@ def test_every_existing_flag_keeps_its_default_without_a_file() -> None:
     assert (settings.policy, settings.load_factor, settings.load_slack) == ("affinity", 1.25, 2.0)
     assert (settings.prefix_weight, settings.hold_rule, settings.policy_file) == (0.0, "", None)
     assert from_flags(settings.policy_overrides()).hash == _hash(AFFINITY)  # what the operator renders
-    assert "with --policy-file: replaces the document's" in parser.format_help()
+    help_text = " ".join(parser.format_help().split())
+    assert "with --policy-file: replaces the document's" in help_text
+    for knob in (
+        "dispatch.fair",
+        "dispatch.maxInflight",
+        "dispatch.maxWaitSeconds",
+        "slots.maxLoras",
+        "slots.maxCpuLoras",
+    ):
+        assert f"replaces the document's {knob})" in help_text
+    assert (settings.max_wait_s, settings.max_queue_wait_s, settings.max_loras, settings.max_cpu_loras) == (
+        2.0,
+        30.0,
+        1,
+        None,
+    )
+    assert (settings.fair_dispatch, settings.max_inflight, settings.max_prefilling) == (False, 0, 0)
 
 
 def test_the_policy_state_patch_sets_only_its_annotation() -> None:

@@ -11,7 +11,11 @@ A document says either which named policy to run (``policy``: the registry's ``a
 holds requests that fit nowhere, a ``fallback`` profile those requests go by once they waited their
 limit (or may not wait, by the ``hold`` rule). ``weights`` overrides scorers' weights wherever the
 chain lists them (``{prefix: 1.5}`` turns on prefix locality); ``parameters`` holds each plugin's own
-knobs (``bounded-load``: ``loadFactor``, ``loadSlack``).
+knobs (``bounded-load``: ``loadFactor``, ``loadSlack``). Beside the chain, ``dispatch`` says how requests
+that must wait are ordered and how long they wait (``spec.router.dispatch``), and ``slots`` what the
+router assumes of the engines' LoRA slots until they report them (the plan's ``maxLoras``,
+``maxCpuLoras``), so neither a dispatch change nor a re-plan restarts a router. Their defaults are the
+router flags' defaults: a document without them runs as the router always did.
 
 The plugin names below are the router registry's (``router.core.registry``); they live here, below
 the router, because the API and the CRD need them too, and a test holds the two lists equal.
@@ -44,6 +48,11 @@ STATE_VERSION = 1
 MAX_REASON = 512
 # Largest weight a document may give a scorer (lora-affinity's is 10; 100 as spec.router.prefixWeight's cap).
 MAX_WEIGHT = 100.0
+# Largest per-replica request cap (dispatch.maxInflight, maxPrefilling), as spec.router.dispatch's.
+MAX_PER_REPLICA = 4096
+# Longest wait a document may set, seconds (dispatch.maxWaitSeconds, maxQueueWaitSeconds), as
+# spec.router.dispatch.maxQueueWaitSeconds's cap.
+MAX_WAIT_S = 600.0
 
 
 class FilterName(StrEnum):
@@ -171,6 +180,92 @@ class PluginParameters(_Wire):
         return data
 
 
+def _check_cap(value: int) -> int:
+    if not 0 <= value <= MAX_PER_REPLICA:
+        raise ValueError(
+            f"{value} requests per replica is outside [0, {MAX_PER_REPLICA}]; "
+            f"give 1 to {MAX_PER_REPLICA}, or 0 (the default) for no cap"
+        )
+    return value
+
+
+def _check_wait(value: float, *, zero: bool) -> float:
+    low = value >= 0 if zero else value > 0
+    if not (math.isfinite(value) and low and value <= MAX_WAIT_S):
+        interval = f"[0, {MAX_WAIT_S:g}]" if zero else f"(0, {MAX_WAIT_S:g}]"
+        raise ValueError(f"{value:g} s is outside {interval}; give a finite number of seconds in it")
+    return value
+
+
+class DispatchParameters(_Wire):
+    """How requests that must wait are ordered and how long they wait: ``spec.router.dispatch`` and the
+    router's ``--fair-dispatch``, ``--max-prefilling``, ``--max-inflight``, ``--max-queue-wait``,
+    ``--max-wait`` (docs/traffic.md). Each default is the flag's."""
+
+    fair: bool = Field(
+        default=False,
+        description="Held requests bind by a virtual token counter per adapter, weighted by priority class "
+        "(core.fairness), instead of class then age.",
+    )
+    max_prefilling: int = Field(
+        default=0, description="Requests per replica without a first token; more wait in the router. 0: no cap."
+    )
+    max_inflight: int = Field(default=0, description="Requests per replica in all; more wait in the router. 0: no cap.")
+    max_queue_wait_seconds: float = Field(
+        default=30.0,
+        description="Longest a request waits because every replica is at its maxInflight or maxPrefilling, "
+        "seconds; then it is sent best effort.",
+    )
+    max_wait_seconds: float = Field(
+        default=2.0,
+        description="Longest a request waits for a LoRA slot (then best effort) or for its adapter to load "
+        "(then 503), seconds.",
+    )
+
+    @field_validator("max_prefilling", "max_inflight")
+    @classmethod
+    def _cap(cls, value: int) -> int:
+        return _check_cap(value)
+
+    @field_validator("max_queue_wait_seconds")
+    @classmethod
+    def _queue_wait(cls, value: float) -> float:
+        return _check_wait(value, zero=False)
+
+    @field_validator("max_wait_seconds")
+    @classmethod
+    def _wait(cls, value: float) -> float:
+        return _check_wait(value, zero=True)
+
+
+class SlotParameters(_Wire):
+    """What the router assumes of each engine's LoRA slots until the engine reports them: the plan's
+    ``maxLoras`` and ``maxCpuLoras`` (the router's ``--max-loras``, ``--max-cpu-loras``)."""
+
+    max_loras: int = Field(default=1, description="GPU LoRA slots per replica (vLLM --max-loras; its default 1).")
+    max_cpu_loras: int | None = Field(
+        default=None,
+        description="The replicas' vLLM --max-cpu-loras, to prefer CPU-cached adapters; unset: unknown.",
+    )
+
+    @field_validator("max_loras", "max_cpu_loras")
+    @classmethod
+    def _positive(cls, value: int | None) -> int | None:
+        if value is not None and value < 1:
+            raise ValueError(f"{value} slots: give at least 1 (vLLM's least)")
+        return value
+
+    @model_validator(mode="after")
+    def _cpu_holds_gpu(self) -> SlotParameters:
+        cpu = self.max_cpu_loras
+        if cpu is not None and cpu < self.max_loras:
+            raise ValueError(
+                f"maxCpuLoras={cpu} is below maxLoras={self.max_loras} (vLLM requires max-cpu-loras >= "
+                f"max-loras); give at least {self.max_loras}, or leave it out"
+            )
+        return self
+
+
 class RouterPolicyDocument(_Wire):
     """What ``--policy-file`` holds: the router's scheduling policy, versioned."""
 
@@ -184,6 +279,12 @@ class RouterPolicyDocument(_Wire):
         default_factory=dict, description="Scorer weights instead of the chain's, wherever the chain lists them."
     )
     parameters: PluginParameters = Field(default_factory=PluginParameters, description="Plugins' parameters.")
+    dispatch: DispatchParameters = Field(
+        default_factory=DispatchParameters, description="How held requests bind and how long they wait."
+    )
+    slots: SlotParameters = Field(
+        default_factory=SlotParameters, description="The engines' LoRA slots, until the engines report them."
+    )
 
     @field_validator("weights")
     @classmethod

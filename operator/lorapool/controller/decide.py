@@ -281,17 +281,20 @@ def observe(
         placement=decision.placement,
         gateway=gateway,
         engine_versions=engine_versions(pods),
-        router_policy=router_policy_observed(pool, decision.routers),
+        router_policy=router_policy_observed(pool, decision.routers, decision.plan),
     )
 
 
-def router_policy_observed(pool: LoRAPool, routers: Sequence[RouterPod]) -> RouterPolicyObserved:
-    """The routers' policy state beside the document rendered now (``render.configmaps.router_policy``).
+def router_policy_observed(
+    pool: LoRAPool, routers: Sequence[RouterPod], plan: Plan | None = None
+) -> RouterPolicyObserved:
+    """The routers' policy state beside the document rendered now (``render.configmaps.router_policy``,
+    with ``plan``'s slots).
 
     The router pods are the ones read before the apply (``decide``'s ``routers``): a router that just
     refused an edit shows at the next reconcile or resync, as its request counts do."""
     live = tuple((r.name, r.policy) for r in routers if not r.terminating)
-    return RouterPolicyObserved(router_policy(pool).hash, live)
+    return RouterPolicyObserved(router_policy(pool, plan).hash, live)
 
 
 # --- 6. report -------------------------------------------------------------------------------

@@ -1,10 +1,11 @@
 """The pool's ConfigMaps: ``<pool>-adapters`` (the adapter set the sidecars sync), ``<pool>-traffic``
 (the priorities and limits the routers enforce) and ``<pool>-router-policy`` (the routers' policy
-document, from ``spec.router``). Pure.
+document, from ``spec.router`` and the plan's slots). Pure.
 
 Called by ``lorapool.render.manifests.render_pool``. Adapters change only the first two, never
 the engine pod template, so adding or removing one rolls no pod; a change of ``spec.router``'s
-policy or prefixWeight changes only the third, which the routers re-read live.
+policy, prefixWeight or dispatch, or of the plan's maxLoras/maxCpuLoras, changes only the third
+(and the engines), which the routers re-read live: no router pod rolls.
 """
 
 from __future__ import annotations
@@ -12,8 +13,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from lorapool.api.adapterset import CONFIGMAP_KEY, AdapterSet, DesiredAdapter
-from lorapool.api.models import LoRAPool
-from lorapool.api.routerpolicy import ROUTER_POLICY_CONFIGMAP_KEY, RouterPolicyDocument, ScorerName, named_document
+from lorapool.api.models import DispatchSpec, LoRAPool
+from lorapool.api.routerpolicy import (
+    ROUTER_POLICY_CONFIGMAP_KEY,
+    DispatchParameters,
+    RouterPolicyDocument,
+    ScorerName,
+    SlotParameters,
+    named_document,
+)
 from lorapool.api.traffic import TRAFFIC_CONFIGMAP_KEY, TrafficPolicy
 from lorapool.plan.adapters import PoolAdapter
 from lorapool.plan.planner import Plan
@@ -79,18 +87,34 @@ def traffic_configmap(pool: LoRAPool, adapters: Sequence[PoolAdapter]) -> Obj:
     }
 
 
-def router_policy(pool: LoRAPool) -> RouterPolicyDocument:
+def _dispatch(spec: DispatchSpec) -> DispatchParameters:
+    """``spec.router.dispatch`` as the document's ``dispatch`` (an unset cap: 0, no cap)."""
+    return DispatchParameters(
+        fair=spec.fair,
+        max_prefilling=spec.max_prefilling or 0,
+        max_inflight=spec.max_inflight or 0,
+        max_queue_wait_seconds=spec.max_queue_wait_seconds,
+    )
+
+
+def router_policy(pool: LoRAPool, plan: Plan | None = None) -> RouterPolicyDocument:
     """The routers' policy document: ``spec.router.policy``, with the prefix scorer's weight when
-    ``prefixWeight`` turns it on (a named policy, so the router's registry spells the chain out)."""
+    ``prefixWeight`` turns it on (a named policy, so the router's registry spells the chain out), how
+    held requests bind and wait (``spec.router.dispatch``) and the plan's LoRA slots, which the routers
+    assume until the engines report theirs (``plan`` None: no slots, the router's defaults)."""
     router = pool.spec.router
     weights = {ScorerName.PREFIX: router.prefix_weight} if router.prefix_weight > 0 else None
-    return named_document(router.policy, weights=weights)
+    doc = named_document(router.policy, weights=weights)
+    slots = (
+        SlotParameters() if plan is None else SlotParameters(max_loras=plan.max_loras, max_cpu_loras=plan.max_cpu_loras)
+    )
+    return doc.model_copy(update={"dispatch": _dispatch(router.dispatch), "slots": slots})
 
 
-def router_policy_configmap(pool: LoRAPool) -> Obj:
+def router_policy_configmap(pool: LoRAPool, plan: Plan | None = None) -> Obj:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": meta(pool, names.router_policy_configmap(pool.metadata.name), "router"),
-        "data": {ROUTER_POLICY_CONFIGMAP_KEY: router_policy(pool).to_json()},
+        "data": {ROUTER_POLICY_CONFIGMAP_KEY: router_policy(pool, plan).to_json()},
     }

@@ -77,9 +77,9 @@ def render_pool(
         router_serviceaccount(pool),
         router_role(pool),
         router_rolebinding(pool),
-        router_policy_configmap(pool),
+        router_policy_configmap(pool, plan),
         *([router_service(pool)] if pool.spec.router.http else []),
-        router_deployment(pool, plan, opts),
+        router_deployment(pool, opts),
         *gateway.gateway_objects(pool),  # the InferencePool and its picker (docs/gateway.md)
     ]
     return [_owned(pool, obj) for obj in objects]

@@ -1,5 +1,9 @@
 """The router Deployment ``<pool>-router``: its command line (where it finds the engines and their
-reports, its policy document, the plan's LoRA capacity, fair dispatch) and its pod, off the GPU nodes. Pure.
+reports, its policy document, its traffic document) and its pod, off the GPU nodes. Pure.
+
+Nothing the planner derives or ``spec.router`` tunes (policy, prefixWeight, dispatch, the plan's
+maxLoras/maxCpuLoras) is on the command line: it is all in the policy document
+(``render.configmaps.router_policy``), which the routers re-read live, so none of it rolls them.
 
 Called by ``lorapool.render.manifests.render_pool``. With the gateway door the same pods also
 serve the endpoint picker (``lorapool.render.gateway`` adds its flags, ports and TLS volume).
@@ -7,11 +11,10 @@ serve the endpoint picker (``lorapool.render.gateway`` adds its flags, ports and
 
 from __future__ import annotations
 
-from lorapool.api.models import DispatchSpec, LoRAPool
+from lorapool.api.models import LoRAPool
 from lorapool.api.routerpolicy import ROUTER_POLICY_CONFIGMAP_KEY
 from lorapool.api.traffic import TRAFFIC_CONFIGMAP_KEY
 from lorapool.plan.gpus import GPU_PRESENT_LABEL, GPU_PRODUCT_LABEL
-from lorapool.plan.planner import Plan
 from lorapool.render import gateway, names
 from lorapool.render.common import Obj, RenderOptions, api_key_env, meta, own_pod_env, restricted
 
@@ -31,8 +34,8 @@ def _off_gpu_nodes() -> Obj:
     }
 
 
-def _router_args(pool: LoRAPool, plan: Plan) -> list[str]:
-    """The router's command line: where it finds engines and their reports, its policy, the plan's capacity.
+def _router_args(pool: LoRAPool) -> list[str]:
+    """The router's command line: where it finds engines and their reports, its policy and traffic documents.
 
     Apart from the Deployment because it is what ties the router to the pool; the rest is pod plumbing."""
     p = pool.metadata.name
@@ -48,35 +51,17 @@ def _router_args(pool: LoRAPool, plan: Plan) -> list[str]:
         # Route by what each engine's sidecar reports it holds (loaded, loading, failed).
         "--report-pods",
         f"{ns}/{names.selector_string(p, 'engine')}",
-        # The policy document (<pool>-router-policy: spec.router's policy and prefixWeight), re-read live.
+        # The policy document (<pool>-router-policy: spec.router's policy, prefixWeight and dispatch, the
+        # plan's maxLoras and maxCpuLoras), re-read live.
         "--policy-file",
         f"{names.ROUTER_POLICY_MOUNT}/{ROUTER_POLICY_CONFIGMAP_KEY}",
-        # The engines' LoRA capacity, known before vLLM reports it after its first step.
-        "--max-loras",
-        str(plan.max_loras),
-        "--max-cpu-loras",
-        str(plan.max_cpu_loras),
         # Priorities and rate limits (<pool>-traffic), re-read when the ConfigMap changes.
         "--traffic-file",
         f"{names.TRAFFIC_MOUNT}/{TRAFFIC_CONFIGMAP_KEY}",
-        # Fair dispatch and the saturation caps, when the pool asks for them.
-        *_dispatch_args(pool.spec.router.dispatch),
     ]
 
 
-def _dispatch_args(dispatch: DispatchSpec) -> list[str]:
-    """The router's flags for spec.router.dispatch; none for its defaults."""
-    args = ["--fair-dispatch"] if dispatch.fair else []
-    if dispatch.max_prefilling is not None:
-        args += ["--max-prefilling", str(dispatch.max_prefilling)]
-    if dispatch.max_inflight is not None:
-        args += ["--max-inflight", str(dispatch.max_inflight)]
-    if dispatch.max_prefilling is not None or dispatch.max_inflight is not None:
-        args += ["--max-queue-wait", f"{dispatch.max_queue_wait_seconds:g}"]
-    return args
-
-
-def router_deployment(pool: LoRAPool, plan: Plan, opts: RenderOptions) -> Obj:
+def router_deployment(pool: LoRAPool, opts: RenderOptions) -> Obj:
     """Deployment ``<pool>-router``: the router container, the traffic file it re-reads, its pod off the GPU nodes."""
     p = pool.metadata.name
     router = pool.spec.router
@@ -85,7 +70,7 @@ def router_deployment(pool: LoRAPool, plan: Plan, opts: RenderOptions) -> Obj:
         "name": "router",
         "image": router.image or opts.lorapool_image,
         "imagePullPolicy": opts.image_pull_policy,
-        "args": [*_router_args(pool, plan), *gateway.picker_args(pool)],
+        "args": [*_router_args(pool), *gateway.picker_args(pool)],
         "env": [
             *own_pod_env(),  # the Pod it writes its request counts on (lorapool.api.requests)
             *api_key_env(pool),

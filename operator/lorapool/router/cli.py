@@ -10,7 +10,7 @@ import sys
 
 from lorapool.router.core import registry
 from lorapool.router.core.scorers.prefix import PREFIX_WEIGHT
-from lorapool.router.settings import MIB, RouterSettings
+from lorapool.router.settings import DOCUMENT_FLAGS, MIB, RouterSettings
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -64,31 +64,34 @@ def policy_help(default: str = RouterSettings.policy) -> str:
     return "; ".join(lines) + f" (default {default})"
 
 
-POLICY_FLAGS = ("policy", "load_factor", "load_slack", "hold_rule", "prefix_weight")
-"""The flags that feed the policy document: with ``--policy-file`` each one given replaces the
-document's knob; their argparse default is None so that "given" can be told from "default"."""
+POLICY_FLAGS = {name: knob for knob, name in DOCUMENT_FLAGS.items()}
+"""The flags that feed the policy document, settings field -> argparse dest: with ``--policy-file``
+each one given replaces the document's knob; their argparse default is None so that "given" can be
+told from "default" (``settings_from`` puts the settings' default in)."""
+
+OVER = " (with --policy-file: replaces the document's"
 
 
 def _add_policy_flags(parser: argparse.ArgumentParser, d: RouterSettings) -> None:
-    over = " (with --policy-file: replaces the document's"
     parser.add_argument(
         "--policy-file",
         metavar="FILE",
         help="the router policy document (apiVersion lorapool.io/v1alpha1, kind RouterPolicy: profiles, weights,"
         " plugin parameters; the <pool>-router-policy ConfigMap's policy.json, docs/router-policy.md), re-read"
-        " when it changes, the last good one kept on a bad edit; the policy flags given beside it (--policy,"
-        " --load-factor, --load-slack, --hold-rule, --prefix-weight) override its matching knobs; default: none,"
-        " the policy flags alone describe the policy",
+        " when it changes, the last good one kept on a bad edit; the flags given beside it (--policy,"
+        " --load-factor, --load-slack, --hold-rule, --prefix-weight, --fair-dispatch, --max-prefilling,"
+        " --max-inflight, --max-queue-wait, --max-wait, --max-loras, --max-cpu-loras) override its matching"
+        " knobs; default: none, the flags alone describe the policy",
     )
     parser.add_argument(
-        "--policy", choices=registry.names(), default=None, help=policy_help(d.policy) + over + " chain)"
+        "--policy", choices=registry.names(), default=None, help=policy_help(d.policy) + OVER + " chain)"
     )
     parser.add_argument(
         "--load-factor",
         type=float,
         default=None,
         help=f"affinity: bounded-load cap as a multiple of the mean load (default {d.load_factor:g})"
-        + over
+        + OVER
         + " parameters.bounded-load.loadFactor)",
     )
     parser.add_argument(
@@ -97,7 +100,7 @@ def _add_policy_flags(parser: argparse.ArgumentParser, d: RouterSettings) -> Non
         default=None,
         metavar="REQUESTS",
         help=f"affinity: requests a backend may run above the mean before spreading (default {d.load_slack:g})"
-        + over
+        + OVER
         + " parameters.bounded-load.loadSlack)",
     )
     parser.add_argument(
@@ -110,7 +113,7 @@ def _add_policy_flags(parser: argparse.ArgumentParser, d: RouterSettings) -> Non
         help="affinity: weight of the prefix scorer, which prefers, among the replicas lora-affinity ranks"
         " alike, the one recently sent the prompt's head for the same adapter (its KV prefix cache);"
         f" the flag alone: {PREFIX_WEIGHT:g}, between least-load's 1 and lora-affinity's level gap of 2"
-        f" (default {d.prefix_weight:g}: off)" + over + " weights.prefix)",
+        f" (default {d.prefix_weight:g}: off)" + OVER + " weights.prefix)",
     )
     parser.add_argument(
         "--hold-rule",
@@ -118,24 +121,28 @@ def _add_policy_flags(parser: argparse.ArgumentParser, d: RouterSettings) -> Non
         default=None,
         help="policies that hold: whether a request that fits no replica's LoRA slots waits for one"
         " (hold-always) or only while its adapter runs somewhere (hold-if-active); default: the policy's"
-        + over
+        + OVER
         + " hold)",
     )
 
 
 def _add_capacity_flags(parser: argparse.ArgumentParser, d: RouterSettings) -> None:
-    """What the router assumes of the engines until they report it (not part of the policy document)."""
+    """What the router assumes of the engines until they report it (the document's slots)."""
     parser.add_argument(
         "--max-loras",
         type=int,
-        default=d.max_loras,
-        help="GPU LoRA slots assumed until a backend reports its own (default %(default)s)",
+        default=None,
+        help=f"GPU LoRA slots assumed until a backend reports its own (default {d.max_loras})"
+        + OVER
+        + " slots.maxLoras)",
     )
     parser.add_argument(
         "--max-cpu-loras",
         type=int,
         default=None,
-        help="the replicas' --max-cpu-loras, to prefer CPU-cached adapters (default unknown)",
+        help="the replicas' --max-cpu-loras, to prefer CPU-cached adapters (default unknown)"
+        + OVER
+        + " slots.maxCpuLoras)",
     )
 
 
@@ -144,33 +151,38 @@ def _add_saturation_flags(parser: argparse.ArgumentParser, d: RouterSettings) ->
     parser.add_argument(
         "--max-inflight",
         type=int,
-        default=d.max_inflight,
+        default=None,
         metavar="N",
         help="requests each backend may run at once; above it requests wait in the router (hold reason"
-        " saturated) so the router orders them, not the engine (default %(default)s: no cap)",
+        f" saturated) so the router orders them, not the engine (default {d.max_inflight}: no cap)"
+        + OVER
+        + " dispatch.maxInflight)",
     )
     parser.add_argument(
         "--max-prefilling",
         type=int,
-        default=d.max_prefilling,
+        default=None,
         metavar="N",
         help="requests each backend may hold before their first token; above it requests wait in the"
         " router (hold reason saturated), so a flood queues in the router, where fair dispatch orders"
-        " it, not in the engine's first-come prefill queue (default %(default)s: no cap)",
+        f" it, not in the engine's first-come prefill queue (default {d.max_prefilling}: no cap)"
+        + OVER
+        + " dispatch.maxPrefilling)",
     )
     parser.add_argument(
         "--max-queue-wait",
         type=float,
-        default=d.max_queue_wait_s,
+        default=None,
         metavar="SECONDS",
         help="longest a request waits because every backend is at its --max-inflight or --max-prefilling"
-        " (then best-effort; default %(default)s)",
+        f" (then best-effort; default {d.max_queue_wait_s:g})" + OVER + " dispatch.maxQueueWaitSeconds)",
     )
     parser.add_argument(
         "--fair-dispatch",
         action="store_true",
+        default=None,
         help="serve held requests by a virtual token counter per adapter, weighted by priority class"
-        " (docs/traffic.md), instead of class then age",
+        " (docs/traffic.md), instead of class then age" + OVER + " dispatch.fair)",
     )
 
 
@@ -178,10 +190,10 @@ def _add_limit_flags(parser: argparse.ArgumentParser, d: RouterSettings) -> None
     parser.add_argument(
         "--max-wait",
         type=float,
-        default=d.max_wait_s,
+        default=None,
         metavar="SECONDS",
         help="longest a request waits in the router: for a LoRA slot (then best-effort) or for its adapter"
-        " to finish loading (then 503) (default %(default)s)",
+        f" to finish loading (then 503) (default {d.max_wait_s:g})" + OVER + " dispatch.maxWaitSeconds)",
     )
     parser.add_argument(
         "--max-queued",
@@ -313,21 +325,21 @@ def settings_from(args: argparse.Namespace) -> RouterSettings:
         report_pods=args.report_pods,
         backend_pods=tuple(parse_backend_pod(v) for v in args.backend_pod or ()),
         policy_file=args.policy_file,
-        policy_flags=tuple(name for name in POLICY_FLAGS if getattr(args, name) is not None),
+        policy_flags=tuple(name for name, dest in POLICY_FLAGS.items() if getattr(args, dest) is not None),
         policy=args.policy or d.policy,
         load_factor=d.load_factor if args.load_factor is None else args.load_factor,
         load_slack=d.load_slack if args.load_slack is None else args.load_slack,
         prefix_weight=d.prefix_weight if args.prefix_weight is None else args.prefix_weight,
         hold_rule=args.hold_rule or "",
-        max_loras=args.max_loras,
+        max_loras=d.max_loras if args.max_loras is None else args.max_loras,
         max_cpu_loras=args.max_cpu_loras,
-        max_wait_s=args.max_wait,
+        max_wait_s=d.max_wait_s if args.max_wait is None else args.max_wait,
         max_queued=args.max_queued,
         traffic_file=args.traffic_file,
-        max_inflight=args.max_inflight,
-        max_prefilling=args.max_prefilling,
-        max_queue_wait_s=args.max_queue_wait,
-        fair_dispatch=args.fair_dispatch,
+        max_inflight=d.max_inflight if args.max_inflight is None else args.max_inflight,
+        max_prefilling=d.max_prefilling if args.max_prefilling is None else args.max_prefilling,
+        max_queue_wait_s=d.max_queue_wait_s if args.max_queue_wait is None else args.max_queue_wait,
+        fair_dispatch=bool(args.fair_dispatch),
         max_body_bytes=args.max_body_bytes,
         max_model_labels=args.max_model_labels,
         poll_interval_s=args.poll_interval,

@@ -2,8 +2,9 @@
 
 Shell, as ``trafficfile``: the kubelet swaps a ConfigMap volume's files in place (a symlink flip), so
 the file is read again every poll interval and, when its bytes differ, parsed (``api.routerpolicy``),
-overridden by the policy flags given beside it (``core.document.Overrides``), built
-(``core.document.build``) and swapped in through ``Scheduler.set_policy``. A bad file at start stops
+overridden by the flags given beside it (``core.document.Overrides``), built
+(``core.document.build``, ``core.document.knobs``) and swapped in through ``Scheduler.set_policy``:
+the chain, and the dispatch knobs and slots. A bad file at start stops
 the router with the error (exit 2: a typo must not start a pool on a policy nobody asked for); a bad
 file later is logged, counted (``lorapool_router_policy_reloads_total{result="refused"}``) and
 published on the router's Pod (``publisher.PolicyPublisher``, the pool's ``RouterPolicyAccepted``
@@ -17,13 +18,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from lorapool.api.routerpolicy import PolicyState, RouterPolicyDocument, document_hash, problems
-from lorapool.router.core.document import Chain, Overrides, apply, flags_document, resolve
+from lorapool.router.core.document import Chain, Overrides, SchedulerKnobs, apply, flags_document, knobs, resolve
 from lorapool.router.core.document import build as build_scheduling
 from lorapool.router.core.policy import Scheduling
 from lorapool.router.telemetry import Telemetry
@@ -39,6 +40,7 @@ class Loaded:
     chain: Chain
     scheduling: Scheduling
     source: str  # "file" or "flags"
+    knobs: SchedulerKnobs  # the document's dispatch and slots
 
     @property
     def hash(self) -> str:
@@ -48,7 +50,7 @@ class Loaded:
 def load(document: RouterPolicyDocument, overrides: Overrides, source: str) -> Loaded:
     """``document`` with ``overrides`` over it, built; raises ValueError naming the field or flag and the fix."""
     effective = apply(document, overrides)
-    return Loaded(effective, resolve(effective), build_scheduling(effective), source)
+    return Loaded(effective, resolve(effective), build_scheduling(effective), source, knobs(effective))
 
 
 def from_flags(overrides: Overrides) -> Loaded:
@@ -85,7 +87,7 @@ class PolicyFile:
         self,
         path: Path,
         overrides: Overrides,
-        set_policy: Callable[[Scheduling], None],
+        set_policy: Callable[[Scheduling, SchedulerKnobs], None],
         telemetry: Telemetry,
         *,
         first: tuple[bytes, Loaded] | None = None,
@@ -117,7 +119,7 @@ class PolicyFile:
             self.telemetry.policy_reloads.labels("refused").inc()
             self._publish(PolicyState(self.running.hash, refused=document_hash(data), reason=str(exc)))
             return False
-        self.set_policy(loaded.scheduling)
+        self.set_policy(loaded.scheduling, loaded.knobs)
         self.running = loaded
         self.telemetry.policy_reloads.labels("applied").inc()
         self.telemetry.policy_running(loaded.hash, loaded.chain.name, "file")
@@ -137,5 +139,11 @@ class PolicyFile:
 
 
 def summary(loaded: Loaded) -> dict[str, object]:
-    """What a log line says of a policy: its name, hash, source and chain."""
-    return {"policy": loaded.chain.name, "hash": loaded.hash, "source": loaded.source, "chain": loaded.chain.describe()}
+    """What a log line says of a policy: its name, hash, source, chain, dispatch knobs and slots."""
+    return {
+        "policy": loaded.chain.name,
+        "hash": loaded.hash,
+        "source": loaded.source,
+        "chain": loaded.chain.describe(),
+        "knobs": asdict(loaded.knobs),
+    }

@@ -7,7 +7,10 @@ and asks again); every event that may free a slot or make an adapter servable (a
 a poll lands, the backend set changes, a sidecar's report changes) binds the held requests
 ``dispatch.next_bind`` names, one by one; a full queue sheds ``dispatch.shed``'s victim; a held
 request whose wait ran out gets ``expire``'s answer. The policy's stateful scorers hear of every
-request, bind, release and backend reset through ``Scheduling``'s hooks. The
+request, bind, release and backend reset through ``Scheduling``'s hooks. What it takes from the
+policy document besides the chain (fair dispatch, the per-backend caps, the wait limits, the slots
+assumed until an engine reports them) is one ``SchedulerKnobs``, replaced with the chain by
+``set_policy`` between two decisions. The
 scheduler is the only writer of the backends' state: the poller and the proxy tell it what they
 saw (``polled``, ``mark_down``, ``model_missing``...), everyone reads ``backends()``. One event
 loop owns it; any front door (the HTTP proxy, an endpoint picker) drives the same scheduler.
@@ -39,6 +42,7 @@ from lorapool.router.core.admission import (
     moved_to,
 )
 from lorapool.router.core.backend import Backend, DecisionKind, Request
+from lorapool.router.core.document import SchedulerKnobs
 from lorapool.router.core.fairness import VirtualTokenCounter, cost, estimate
 from lorapool.router.core.policy import Scheduling
 from lorapool.router.core.ratelimit import Allow, RateLimiter, Throttle
@@ -98,9 +102,14 @@ class Scheduler:
         settings: RouterSettings,
         telemetry: Telemetry,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        knobs: SchedulerKnobs | None = None,
     ) -> None:
+        """``knobs``: the policy document's dispatch and slots; None: the flags' (``settings.knobs()``)."""
         self.scheduling = scheduling
         self.settings = settings
+        # Fair dispatch, the per-backend caps, the wait limits and the slots (set_policy replaces them).
+        self.knobs = knobs if knobs is not None else settings.knobs()
         self.telemetry = telemetry
         self.clock = clock
         self._states: dict[str, BackendState] = {}
@@ -108,8 +117,8 @@ class Scheduler:
         # Every adapter's priority and limits (api.traffic; --traffic-file, re-read when it changes).
         self.traffic = TrafficPolicy()
         self.limits = RateLimiter()
-        # --fair-dispatch: held requests bind by virtual token counter (core.fairness), else class then age.
-        self.fairness = VirtualTokenCounter() if settings.fair_dispatch else None
+        # Fair dispatch: held requests bind by virtual token counter (core.fairness), else class then age.
+        self.fairness = VirtualTokenCounter() if self.knobs.fair else None
         # Set by the poller: re-reads /v1/models when a model is unknown everywhere.
         self.refresh_models: Callable[[], Awaitable[None]] | None = None
         telemetry.watch(self.backends, self.queues.depths)
@@ -162,12 +171,30 @@ class Scheduler:
             self.limits.settle(model, allow.charged, used_tokens, self.clock())
 
     # --- what the shells tell it ----------------------------------------------------------
-    def set_policy(self, scheduling: Scheduling) -> None:
+    def set_policy(self, scheduling: Scheduling, knobs: SchedulerKnobs | None = None) -> None:
         """A new policy (a re-read policy document) for every decision from now on; leases and
         held requests keep working, and the new policy binds what it can at once. Its stateful
-        scorers start empty (what the old ones kept goes with them)."""
+        scorers start empty (what the old ones kept goes with them). ``knobs``: the document's
+        dispatch and slots (None: keep the ones in force): new caps and slots count for every bind
+        from now on, a held request keeps the wait it was given, fair dispatch turned on starts
+        with empty counters and turned off drops them."""
         self.scheduling = scheduling
+        if knobs is not None and knobs != self.knobs:
+            self._set_knobs(knobs)
         self.changed()
+
+    def _set_knobs(self, knobs: SchedulerKnobs) -> None:
+        """Fair dispatch on or off, and every backend's configured slots and caps."""
+        if knobs.fair != (self.fairness is not None):
+            self.fairness = VirtualTokenCounter() if knobs.fair else None
+        self.knobs = knobs
+        for state in self._states.values():
+            state.set_limits(
+                max_loras=knobs.max_loras,
+                max_cpu_loras=knobs.max_cpu_loras,
+                max_inflight=knobs.max_inflight,
+                max_prefilling=knobs.max_prefilling,
+            )
 
     def set_traffic(self, policy: TrafficPolicy) -> None:
         """A new traffic policy (``--traffic-file``): priorities for new requests, limits' buckets."""
@@ -183,12 +210,13 @@ class Scheduler:
             del self._states[url]
             self.scheduling.reset(url)  # the plugins' state for it leaves with it
         for url in added:
+            k = self.knobs
             self._states[url] = BackendState(
                 url,
-                max_loras=self.settings.max_loras,
-                max_cpu_loras=self.settings.max_cpu_loras,
-                max_inflight=self.settings.max_inflight,
-                max_prefilling=self.settings.max_prefilling,
+                max_loras=k.max_loras,
+                max_cpu_loras=k.max_cpu_loras,
+                max_inflight=k.max_inflight,
+                max_prefilling=k.max_prefilling,
             )
         self.changed()
         return added, removed
@@ -259,7 +287,7 @@ class Scheduler:
         if isinstance(decision, Bind):
             return self._bind(req, decision, views)
         if isinstance(decision, Hold):
-            limits = dispatch.WaitLimits(self.settings.max_wait_s, self.settings.max_queue_wait_s)
+            limits = dispatch.WaitLimits(self.knobs.max_wait_s, self.knobs.max_queue_wait_s)
             return await self._hold(req, tried, decision, dispatch.wait_limit(decision.reason, limits, max_wait_s))
         if isinstance(decision, Refuse):
             raise Refused(decision)

@@ -153,7 +153,7 @@ async def serve(settings: RouterSettings) -> None:
         raise ValueError("give --backend URL (repeatable) or --endpointslices NAMESPACE/SERVICE")
     pods_target = parse_pods_target(settings.report_pods) if settings.report_pods else None
     telemetry = Telemetry(max_model_labels=settings.max_model_labels)
-    scheduler = Scheduler(loaded.scheduling, settings, telemetry)
+    scheduler = Scheduler(loaded.scheduling, settings, telemetry, knobs=loaded.knobs)
     policy = _policy_file(settings, first, loaded, scheduler, telemetry)
     traffic = TrafficFile(Path(settings.traffic_file), scheduler) if settings.traffic_file else None
     loop = asyncio.get_running_loop()

@@ -3,14 +3,30 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from lorapool.api.common import RouterPolicy
-from lorapool.router.core.document import Overrides
+from lorapool.router.core.document import Overrides, SchedulerKnobs
 from lorapool.router.core.plugin import DEFAULT_LOAD_FACTOR, DEFAULT_LOAD_SLACK, PolicyParams
 from lorapool.router.core.scorers.prefix import PREFIX_WEIGHT
 
 MIB = 1024 * 1024
+
+# The flags that feed the policy document: ``Overrides`` field -> ``RouterSettings`` field.
+DOCUMENT_FLAGS = {
+    "policy": "policy",
+    "load_factor": "load_factor",
+    "load_slack": "load_slack",
+    "hold_rule": "hold_rule",
+    "prefix_weight": "prefix_weight",
+    "fair_dispatch": "fair_dispatch",
+    "max_prefilling": "max_prefilling",
+    "max_inflight": "max_inflight",
+    "max_queue_wait": "max_queue_wait_s",
+    "max_wait": "max_wait_s",
+    "max_loras": "max_loras",
+    "max_cpu_loras": "max_cpu_loras",
+}
 
 
 @dataclass(frozen=True)
@@ -35,9 +51,10 @@ class RouterSettings:
     # operator mounts the <pool>-router-policy ConfigMap), re-read every poll interval; None: the
     # policy flags below describe the policy (docs/router-policy.md).
     policy_file: str | None = None
-    # The policy flags (settings field names: policy, load_factor, load_slack, hold_rule,
-    # prefix_weight) given on the command line: with policy_file, each replaces the document's
-    # matching knob and the others come from the document; without it, every one counts.
+    # The flags that feed the policy document (settings field names, DOCUMENT_FLAGS' values: the
+    # policy flags, the dispatch flags, max_wait_s, max_loras, max_cpu_loras) given on the command
+    # line: with policy_file, each replaces the document's matching knob and the others come from
+    # the document; without it, every one counts.
     policy_flags: tuple[str, ...] = ()
     # A name in registry.POLICIES (--policy).
     policy: str = RouterPolicy.AFFINITY.value
@@ -155,23 +172,27 @@ class RouterSettings:
             )
 
     def policy_overrides(self) -> Overrides:
-        """The policy flags that feed the document: all of them without ``--policy-file`` (their
-        defaults left out, so the flags' document stays minimal), else those given explicitly."""
-        if self.policy_file is None:
-            return Overrides(
-                policy=self.policy,
-                load_factor=self.load_factor if self.load_factor != DEFAULT_LOAD_FACTOR else None,
-                load_slack=self.load_slack if self.load_slack != DEFAULT_LOAD_SLACK else None,
-                hold_rule=self.hold_rule or None,
-                prefix_weight=self.prefix_weight or None,
-            )
+        """The flags that feed the document: all of them without ``--policy-file`` (their defaults
+        left out, so the flags' document stays minimal; ``--policy`` always), else those given explicitly."""
+        defaults = {f.name: f.default for f in fields(self)}
         given = set(self.policy_flags)
-        return Overrides(
-            policy=self.policy if "policy" in given else None,
-            load_factor=self.load_factor if "load_factor" in given else None,
-            load_slack=self.load_slack if "load_slack" in given else None,
-            hold_rule=(self.hold_rule or None) if "hold_rule" in given else None,
-            prefix_weight=self.prefix_weight if "prefix_weight" in given else None,
+        values: dict[str, object] = {}
+        for knob, name in DOCUMENT_FLAGS.items():
+            value = getattr(self, name)
+            keep = (name == "policy" or value != defaults[name]) if self.policy_file is None else name in given
+            values[knob] = value if keep and value != "" else None  # hold_rule "": the policy's own
+        return Overrides(**values)  # type: ignore[arg-type]
+
+    def knobs(self) -> SchedulerKnobs:
+        """The scheduler's dispatch knobs and slots as the flags alone set them (no document)."""
+        return SchedulerKnobs(
+            fair=self.fair_dispatch,
+            max_prefilling=self.max_prefilling,
+            max_inflight=self.max_inflight,
+            max_queue_wait_s=self.max_queue_wait_s,
+            max_wait_s=self.max_wait_s,
+            max_loras=self.max_loras,
+            max_cpu_loras=self.max_cpu_loras,
         )
 
     def policy_params(self) -> PolicyParams:

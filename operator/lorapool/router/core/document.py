@@ -11,8 +11,10 @@ profiles, which is how the tests show that every named policy is a document that
 
 ``Overrides`` are the router flags given explicitly beside ``--policy-file``: each replaces the
 document's matching knob (``--policy`` the chain, ``--prefix-weight`` the prefix scorer's weight,
-``--hold-rule`` the hold rule, ``--load-factor``/``--load-slack`` bounded-load's parameters).
-Without a file, the flags' document is ``apply(EMPTY, overrides)`` (``flags_document``).
+``--hold-rule`` the hold rule, ``--load-factor``/``--load-slack`` bounded-load's parameters, the
+dispatch flags ``dispatch``'s fields, ``--max-loras``/``--max-cpu-loras`` ``slots``'). Without a
+file, the flags' document is ``apply(EMPTY, overrides)`` (``flags_document``). ``knobs`` reads
+what the scheduler takes besides the chain (dispatch and slots) into one ``SchedulerKnobs``.
 """
 
 from __future__ import annotations
@@ -50,11 +52,31 @@ class Overrides:
     load_slack: float | None = None  # --load-slack
     hold_rule: str | None = None  # --hold-rule
     prefix_weight: float | None = None  # --prefix-weight
+    fair_dispatch: bool | None = None  # --fair-dispatch
+    max_prefilling: int | None = None  # --max-prefilling
+    max_inflight: int | None = None  # --max-inflight
+    max_queue_wait: float | None = None  # --max-queue-wait
+    max_wait: float | None = None  # --max-wait
+    max_loras: int | None = None  # --max-loras
+    max_cpu_loras: int | None = None  # --max-cpu-loras
 
     @property
     def given(self) -> tuple[str, ...]:
         """The flags given, as ``--name`` (logs, the running document's description)."""
         return tuple(f"--{k.replace('_', '-')}" for k, v in self.__dict__.items() if v is not None)
+
+
+# The flags that replace a field of the document's dispatch and slots sections: section -> flag -> field.
+_SECTIONS = {
+    "dispatch": {
+        "fair_dispatch": "fair",
+        "max_prefilling": "maxPrefilling",
+        "max_inflight": "maxInflight",
+        "max_queue_wait": "maxQueueWaitSeconds",
+        "max_wait": "maxWaitSeconds",
+    },
+    "slots": {"max_loras": "maxLoras", "max_cpu_loras": "maxCpuLoras"},
+}
 
 
 def apply(doc: RouterPolicyDocument, o: Overrides) -> RouterPolicyDocument:
@@ -75,6 +97,10 @@ def apply(doc: RouterPolicyDocument, o: Overrides) -> RouterPolicyDocument:
         if o.load_slack is not None:
             bounded["loadSlack"] = o.load_slack
         data["parameters"] = {**data.get("parameters", {}), FilterName.BOUNDED_LOAD.value: bounded}
+    for section, fields in _SECTIONS.items():
+        given = {key: getattr(o, flag) for flag, key in fields.items() if getattr(o, flag) is not None}
+        if given:
+            data[section] = {**data.get(section, {}), **given}
     try:
         return RouterPolicyDocument.model_validate(data)
     except ValidationError as exc:
@@ -98,6 +124,34 @@ def params(doc: RouterPolicyDocument) -> PolicyParams:
         load_slack=defaults.load_slack if bounded is None or bounded.load_slack is None else bounded.load_slack,
         hold_rule=doc.hold.value if doc.hold is not None else "",
         prefix_weight=doc.weights.get(ScorerName.PREFIX, 0.0),
+    )
+
+
+@dataclass(frozen=True)
+class SchedulerKnobs:
+    """What the scheduler takes from the document besides the chain (``Scheduler.set_policy``): how
+    held requests bind and wait (``dispatch``) and the engines' slots until they report them (``slots``)."""
+
+    fair: bool  # fair dispatch (core.fairness) instead of class then age
+    max_prefilling: int  # requests per backend before their first token; 0: no cap
+    max_inflight: int  # requests per backend; 0: no cap
+    max_queue_wait_s: float  # longest a saturated hold waits, seconds
+    max_wait_s: float  # longest a slot or load hold waits, seconds
+    max_loras: int  # GPU LoRA slots assumed until a backend reports its own
+    max_cpu_loras: int | None  # the engines' --max-cpu-loras; None: unknown
+
+
+def knobs(doc: RouterPolicyDocument) -> SchedulerKnobs:
+    """The document's dispatch and slots (their defaults where unset: the router flags' defaults)."""
+    d, s = doc.dispatch, doc.slots
+    return SchedulerKnobs(
+        fair=d.fair,
+        max_prefilling=d.max_prefilling,
+        max_inflight=d.max_inflight,
+        max_queue_wait_s=d.max_queue_wait_seconds,
+        max_wait_s=d.max_wait_seconds,
+        max_loras=s.max_loras,
+        max_cpu_loras=s.max_cpu_loras,
     )
 
 

@@ -90,6 +90,13 @@ class BackendState:
         """GPU LoRA slots: what the engine reports, else the configured default."""
         return self.reported_max_loras or self.default_max_loras
 
+    def set_limits(self, *, max_loras: int, max_cpu_loras: int | None, max_inflight: int, max_prefilling: int) -> None:
+        """New configured slots and caps (a re-read policy document); what the engine reports still wins."""
+        self.default_max_loras = max(1, max_loras)
+        self.max_cpu_loras = max_cpu_loras
+        self.max_inflight, self.max_prefilling = max_inflight, max_prefilling
+        self._warm_cache = None
+
     # --- requests -------------------------------------------------------------------------
     def begin(self, model: str, *, is_adapter: bool) -> None:
         """Count a request the router just bound to this backend."""
