@@ -13,7 +13,7 @@ removal. Measured (docs/vllm.md, "Unload, measured"):
   read); one pushed out of the CPU cache is read from disk again at its next request, same id.
 - through a real ``lorapool sidecar``: a placement move drains (kept, served, then unloaded), a move
   back during the drain costs nothing, a deletion goes at once, and an adapter re-added after its
-  drain is downloaded from its source again and read from disk under a new id.
+  drain loads from the files the sidecar kept (no download) and is read from disk under a new id.
 """
 
 from __future__ import annotations
@@ -328,7 +328,7 @@ def test_a_move_back_during_the_drain_costs_nothing_and_a_deletion_goes_at_once(
     assert m_id in engine.cached(), "the engine keeps the unloaded copy"
 
 
-def test_an_adapter_re_added_after_its_drain_is_downloaded_and_read_again_under_a_new_id(
+def test_an_adapter_re_added_after_its_drain_loads_its_kept_files_and_is_read_again_under_a_new_id(
     engine: Engine, sidecar_with: Any, tmp_path: Path
 ) -> None:
     sidecar = sidecar_with(1.0)
@@ -346,12 +346,14 @@ def test_an_adapter_re_added_after_its_drain_is_downloaded_and_read_again_under_
     assert engine.complete("m").status == 404
     assert first in engine.cached(), "the engine keeps the unloaded copy"
 
-    # Moved back: converges to Loaded, but from scratch: downloaded again, read under a new id.
+    # Moved back: converges to Loaded from the files the sidecar kept at the unload (no download;
+    # spec.sidecar.keepUnloaded), but the engine reads them under a new id.
     mark = engine.mark()
     sidecar.place({"m": (m, [0])})
     _loaded(engine, sidecar, "m")
     again = engine.wait_read(mark, "m re-read").lora_id
     assert again != first
-    assert sidecar.counter("lorapool_sidecar_download_bytes_total") == 2 * downloaded
+    assert sidecar.counter("lorapool_sidecar_download_bytes_total") == downloaded
+    assert sidecar.counter("lorapool_sidecar_kept_hits_total") == 1
     assert sidecar.counter("lorapool_sidecar_loads_total") == 2
     _ok(engine.complete("m"))

@@ -124,12 +124,13 @@ def test_add_hot_swap_remove_and_adopt(
         # The old revision's files are collected after the swap (the store's GC follows the Loaded phase).
         wait_until("the old revision's files collected", lambda: not Path(old_root).exists())
 
-        # Remove an adapter: unloaded from the engine, its files and pointer deleted.
+        # Remove an adapter: unloaded from the engine, its pointer deleted, its files kept for a
+        # place-back (spec.sidecar.keepUnloaded; tests/sidecar/test_keep_unloaded.py).
         cfg.write(adapter_set([{"name": "sql", "source": url_a2, "revision": "v2", "sha256": sha_a2}]))
         wait_until("chat unloaded", lambda: set(engine_adapters(engine_port)) == {"sql"}, retry_on=NOT_YET)
         wait_until("chat forgotten", lambda: "chat" not in sidecar.adapters(), retry_on=NOT_YET)
         assert not (adapters / "chat").exists()
-        assert len(list((adapters / ".store").iterdir())) == 1
+        assert len(list((adapters / ".store").iterdir())) == 2 and len(list((adapters / ".kept").iterdir())) == 1
         assert metric_samples(sidecar.metrics(), "lorapool_sidecar_unloads_total") == {"": 1.0}
         assert metric_samples(sidecar.metrics(), "lorapool_sidecar_loads_total") == {
             'reason="new"': 2.0,

@@ -185,10 +185,42 @@ class Credentials(Wire):
     s3: S3Credentials | None = None
 
 
+# spec.sidecar.keepUnloaded's defaults, also the sidecar's flags' (lorapool.sidecar.keep).
+DEFAULT_KEEP_UNLOADED_BYTES: Final = 2 << 30
+DEFAULT_KEEP_UNLOADED_MAX_AGE_S: Final = 3600
+MAX_KEEP_UNLOADED_BYTES: Final = 1 << 40
+MAX_KEEP_UNLOADED_AGE_S: Final = 7 * 24 * 3600
+
+
+class KeepUnloadedSpec(Wire):
+    """Files of unloaded adapters each sidecar keeps on the adapter volume, so placement moving an adapter
+    back loads it without a download. vLLM frees no engine memory at unload, so only disk is at stake."""
+
+    max_bytes: int = Field(
+        default=DEFAULT_KEEP_UNLOADED_BYTES,
+        ge=0,
+        le=MAX_KEEP_UNLOADED_BYTES,
+        description="Bytes of unloaded adapters' files kept per replica, least recently used evicted first; 0 "
+        "deletes an adapter's files at unload. Default 2147483648 (2 GiB): about twenty rank-16 adapters of an "
+        "8B model (~0.1 GB each, lorapool plan), small next to the node disk under the adapter volume (emptyDir).",
+    )
+    max_age_seconds: int = Field(
+        default=DEFAULT_KEEP_UNLOADED_MAX_AGE_S,
+        ge=1,
+        le=MAX_KEEP_UNLOADED_AGE_S,
+        description="Kept files older than this are deleted. Default 3600 (1 hour): placement moves an adapter "
+        "back within minutes when demand swings back; later, a fresh download is the cheaper bet than disk.",
+    )
+
+
 class SidecarSpec(Wire):
     """The adapter-sync sidecar in every engine pod."""
 
     image: str | None = Field(default=None, description="lorapool image for the sidecar; default: the operator's.")
+    keep_unloaded: KeepUnloadedSpec = Field(
+        default_factory=KeepUnloadedSpec,
+        description="How much of unloaded adapters' files to keep for a place-back without a download.",
+    )
     resources: dict[str, Any] | None = Field(
         default=None,
         description="Container resources (core/v1 ResourceRequirements).",

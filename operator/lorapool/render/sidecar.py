@@ -15,7 +15,8 @@ from lorapool.render.common import Obj, RenderOptions, api_key_env, own_pod_env,
 from lorapool.render.source_access import credentials_env
 
 
-def _sidecar_args() -> list[str]:
+def _sidecar_args(pool: LoRAPool) -> list[str]:
+    keep = pool.spec.sidecar.keep_unloaded
     return [
         "sidecar",
         "--config",
@@ -30,6 +31,10 @@ def _sidecar_args() -> list[str]:
         str(names.SIDECAR_STATUS_PORT),
         "--slot-file",
         f"{names.PODINFO_MOUNT}/{names.SLOT_FILE}",
+        "--keep-unloaded-bytes",
+        str(keep.max_bytes),
+        "--keep-unloaded-max-age",
+        str(keep.max_age_seconds),
     ]
 
 
@@ -40,7 +45,7 @@ def sidecar_container(pool: LoRAPool, opts: RenderOptions, source_mounts: list[O
         "name": "adapter-sync",
         "image": spec.sidecar.image or opts.lorapool_image,
         "imagePullPolicy": opts.image_pull_policy,
-        "args": _sidecar_args(),
+        "args": _sidecar_args(pool),
         "env": [
             {"name": "HF_HOME", "value": "/tmp/hf"},
             *own_pod_env(),  # the Pod it reports on (lorapool.api.report)

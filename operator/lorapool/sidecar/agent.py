@@ -53,6 +53,7 @@ from lorapool.sidecar.engine import EngineClient, EngineError
 from lorapool.sidecar.executor import Executor
 from lorapool.sidecar.health import EngineHealth, HealthEvent, detect_restart, observe_health, stalled
 from lorapool.sidecar.http import start_http
+from lorapool.sidecar.keep import KeepBudget
 from lorapool.sidecar.metrics import SidecarMetrics
 from lorapool.sidecar.podreport import Readiness, next_readiness, pod_patch, replica_report
 from lorapool.sidecar.reporter import Observer, Reporter
@@ -93,6 +94,8 @@ class Settings:
     # An adapter placement moved to other replicas stays loaded (and reported, so routable) this
     # long before it is unloaded: its new holders load it meanwhile, so no request meets a gap.
     drain_s: float = 30.0
+    # Unloaded adapters' files kept for a place-back without a download (spec.sidecar.keepUnloaded).
+    keep: KeepBudget = field(default_factory=KeepBudget)
 
 
 class Agent:
@@ -130,6 +133,7 @@ class Agent:
             clock=clock,
             rng=self.rng,
             backoff=self.backoff,
+            keep=settings.keep,
         )
         self._adopted = False
         self._heartbeat = time.monotonic()
@@ -409,6 +413,7 @@ class Agent:
         self.health = self.health.looked()
         desired = {a.name: a for a in self.pool.adapters}
         stored = await asyncio.to_thread(self.store.names)
+        await asyncio.to_thread(self.executor.tidy)  # kept files age out even when nothing else happens
         now = self.clock()
         self.draining = still_draining(self.draining, now)
         hold = set(self.rejected) | set(self.draining)  # draining: still served here until its time is up

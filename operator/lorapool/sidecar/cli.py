@@ -2,7 +2,8 @@
 
     lorapool sidecar --config /etc/lorapool/adapters.json --engine http://127.0.0.1:8000 \\
         --adapter-dir /adapters [--status-port 8081] [--host 127.0.0.1] [--resync-seconds 30] \\
-        [--pod NAMESPACE/NAME] [--report-kubeconfig FILE]
+        [--pod NAMESPACE/NAME] [--report-kubeconfig FILE] \\
+        [--keep-unloaded-bytes 2147483648] [--keep-unloaded-max-age 3600]
 
 In a pod it reports what its engine holds on its own Pod (lorapool.api.report), with the
 ServiceAccount token projected into this container only.
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+
+from lorapool.api.pool import DEFAULT_KEEP_UNLOADED_BYTES, DEFAULT_KEEP_UNLOADED_MAX_AGE_S
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -66,8 +69,25 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=30.0,
         help="keep an adapter placement moved to other replicas loaded this long before unloading it",
     )
+    _keep_flags(parser)
     parser.add_argument("--seed", type=int, default=None, help="seed the backoff jitter (tests)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+
+def _keep_flags(parser: argparse.ArgumentParser) -> None:
+    """spec.sidecar.keepUnloaded, rendered by lorapool.render.sidecar; the same defaults."""
+    parser.add_argument(
+        "--keep-unloaded-bytes",
+        type=int,
+        default=DEFAULT_KEEP_UNLOADED_BYTES,
+        help="bytes of unloaded adapters' files kept for a place-back, least recently used evicted; 0: none",
+    )
+    parser.add_argument(
+        "--keep-unloaded-max-age",
+        type=float,
+        default=float(DEFAULT_KEEP_UNLOADED_MAX_AGE_S),
+        help="seconds an unloaded adapter's files are kept at most",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
     from lorapool import logs
     from lorapool.podstatus import PodRef
     from lorapool.sidecar.agent import Agent, Settings
+    from lorapool.sidecar.keep import KeepBudget
     from lorapool.sources import Limits
 
     logs.setup(args.log_level)
@@ -107,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
         observe_window_s=args.observe_window_seconds,
         slot_path=args.slot_file,
         drain_s=args.drain_seconds,
+        keep=KeepBudget(max_bytes=args.keep_unloaded_bytes, max_age_s=args.keep_unloaded_max_age),
     )
 
     async def main() -> None:

@@ -2,12 +2,14 @@
 
 ``agent.Agent`` spawns one asyncio task per action, so one slow or failing adapter never blocks
 the others, and each task runs ``Executor.load`` or ``Executor.unload``. A load downloads the
-adapter (``lorapool.sources``, downloads sharing the downloader's semaphore), verifies it against
-the pool's checks (``core.check_adapter``), loads it into the engine and points the store at
-it; an unload removes it from the store and the engine. Each step is written into the shared
-``state`` (the phase /status and the Pod report show), and a failure is read by its type into a
-``retry.Failure`` whose retry ``retry.after_failure`` decides: a bad adapter is Failed with a
-message that says what to fix, and retried with backoff.
+adapter (``lorapool.sources``, downloads sharing the downloader's semaphore) unless the store
+kept its files from an earlier unload, verifies it against the pool's checks
+(``core.check_adapter``), loads it into the engine and points the store at it; an unload
+removes it from the engine and keeps its files in the store within the ``keep.KeepBudget``
+(``keep.evictions`` decides which kept files go), or deletes them when keeping is off. Each
+step is written into the shared ``state`` (the phase /status and the Pod report show), and a
+failure is read by its type into a ``retry.Failure`` whose retry ``retry.after_failure``
+decides: a bad adapter is Failed with a message that says what to fix, and retried with backoff.
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ from lorapool.api.report import ReplicaPhase as Phase
 from lorapool.errors import AdapterError, SourceError, UnsafePathError
 from lorapool.sidecar.core import UNLOAD, AdapterState, Load, Unload, check_adapter, identity_of, loaded_state
 from lorapool.sidecar.engine import EngineClient, EngineError
+from lorapool.sidecar.keep import KeepBudget, evictions
 from lorapool.sidecar.metrics import SidecarMetrics
 from lorapool.sidecar.retry import Backoff, Failure, about, after_failure, after_unload, internal_failure
 from lorapool.sources import AdapterStore, ChecksumMismatch, Downloader, Fetched, redact_url
 from lorapool.sources.layout import CONFIG_FILE
+from lorapool.sources.store import KeptTree
 
 log = logging.getLogger("lorapool.sidecar")
 
@@ -91,6 +95,7 @@ class Executor:
         clock: Callable[[], float],
         rng: random.Random,
         backoff: Backoff,
+        keep: KeepBudget | None = None,
     ) -> None:
         self.state = state
         self.store = store
@@ -101,6 +106,7 @@ class Executor:
         self.clock = clock
         self.rng = rng
         self.backoff = backoff
+        self.keep = keep or KeepBudget()
 
     def _set(self, name: str, **changes: Any) -> None:
         if name in self.state:
@@ -115,6 +121,8 @@ class Executor:
             self._set(name, phase=Phase.PENDING)
         fetched = None
         try:
+            if not action.inplace and self.keep.on:  # a hot swap points the store only once the engine has it
+                await asyncio.to_thread(self._take_kept, name, want)
             fetched = await self._download(name, adapter)
             rank = self._verify(name, fetched)
             path = str(fetched.path)
@@ -131,7 +139,7 @@ class Executor:
         finally:
             if fetched is not None:
                 self.downloader.release(fetched)
-            await asyncio.to_thread(self.store.gc)
+            await asyncio.to_thread(self.tidy)
 
     async def _download(self, name: str, adapter: DesiredAdapter) -> Fetched:
         fetched = await self.downloader.fetch(
@@ -221,7 +229,7 @@ class Executor:
         name = action.name
         self._set(name, phase=Phase.UNLOADING)
         try:
-            await asyncio.to_thread(self.store.remove, name)
+            await asyncio.to_thread(self._keep_or_remove, name)
             if not action.in_engine:
                 self.state.pop(name, None)
                 return
@@ -235,4 +243,36 @@ class Executor:
         except (EngineError, UnsafePathError) as exc:
             self._fail(name, UNLOAD, _failure(name, exc, reason="unload"))
         finally:
-            await asyncio.to_thread(self.store.gc)
+            await asyncio.to_thread(self.tidy)
+
+    # ---- kept files (blocking: called in a thread) -----------------------------------------
+
+    def _take_kept(self, name: str, identity: str) -> None:
+        """Point ``<name>`` at files kept for this identity, so the download below finds them in the store."""
+        if (tree := self.store.take_kept(name, identity)) is None:
+            return
+        self.metrics.kept_hits.inc()
+        log.info("Reused kept adapter files", extra={"kv": _kept_fields(name, tree)})
+
+    def _keep_or_remove(self, name: str) -> None:
+        if not self.keep.on:
+            self.store.remove(name)
+        elif (tree := self.store.keep(name, now=self.clock())) is not None:
+            log.debug("Kept adapter files", extra={"kv": _kept_fields(name, tree)})
+
+    def tidy(self) -> None:
+        """Evict the kept files ``keep.evictions`` names, delete what nothing uses, update the gauge."""
+        kept = {tree.identity: tree for tree in self.store.kept()}
+        drop = evictions(list(kept.values()), self.store.in_use(), now=self.clock(), budget=self.keep)
+        self.store.forget([kept[e.identity] for e in drop])
+        for eviction in drop:
+            tree = kept.pop(eviction.identity)
+            self.metrics.kept_evictions.labels(reason=str(eviction.reason)).inc()
+            fields = {**_kept_fields(tree.name, tree), "reason": str(eviction.reason)}
+            log.info("Evicted kept adapter files", extra={"kv": fields})
+        self.store.gc()
+        self.metrics.kept_bytes.set(sum(tree.bytes for tree in kept.values()))
+
+
+def _kept_fields(name: str, tree: KeptTree) -> dict[str, Any]:
+    return {"name": name, "identity": tree.identity[:12], "bytes": tree.bytes, "digest": tree.digest[:12]}

@@ -29,6 +29,20 @@ class SidecarMetrics:
         self.download_bytes = Counter(
             "lorapool_sidecar_download_bytes", "Bytes downloaded from adapter sources.", registry=r
         )
+        self.kept_hits = Counter(
+            "lorapool_sidecar_kept_hits",
+            "Loads served by an unloaded adapter's kept files instead of a download (downloads saved).",
+            registry=r,
+        )
+        self.kept_bytes = Gauge(
+            "lorapool_sidecar_kept_bytes", "Bytes of unloaded adapters' files kept for a place-back.", registry=r
+        )
+        self.kept_evictions = Counter(
+            "lorapool_sidecar_kept_evictions",
+            "Kept adapter files deleted, by reason (off, age, bytes: the least recently used past the budget).",
+            ["reason"],
+            registry=r,
+        )
         self.download_seconds = Histogram(
             "lorapool_sidecar_download_seconds",
             "Time to download and verify one adapter.",
