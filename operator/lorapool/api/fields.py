@@ -45,6 +45,13 @@ class Wire(Spec):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, alias_generator=_camel)
 
 
+class Document(BaseModel):
+    """Base of the documents the operator writes for its pods to re-read (the traffic policy, the
+    router policy): camelCase on the wire, unknown fields refused, frozen once read."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, alias_generator=_camel)
+
+
 IntOrAuto = int | Literal["auto"]
 
 

@@ -34,9 +34,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from lorapool.api.common import RouterPolicy
+from lorapool.api.fields import Document
 
 ROUTER_POLICY_API_VERSION = "lorapool.io/v1alpha1"
 ROUTER_POLICY_KIND = "RouterPolicy"
@@ -90,15 +91,6 @@ class HoldName(StrEnum):
     IF_ACTIVE = "hold-if-active"
 
 
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(part.title() for part in rest)
-
-
-class _Wire(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, alias_generator=_camel)
-
-
 def _check_weight(where: str, weight: float) -> float:
     if not (math.isfinite(weight) and 0 <= weight <= MAX_WEIGHT):
         raise ValueError(
@@ -107,7 +99,7 @@ def _check_weight(where: str, weight: float) -> float:
     return weight
 
 
-class WeightedScorer(_Wire):
+class WeightedScorer(Document):
     """A scorer and what its score (in [0, 1]) counts in the total."""
 
     plugin: ScorerName = Field(description="The scorer's name in the router's registry.")
@@ -127,7 +119,7 @@ def _unique(what: str, names: list[str]) -> None:
         seen.add(name)
 
 
-class ProfileSpec(_Wire):
+class ProfileSpec(Document):
     """One chain: filters in order -> weighted scorers -> one picker."""
 
     filters: list[FilterName] = Field(default_factory=list, description="Filters, applied in order.")
@@ -144,7 +136,7 @@ class ProfileSpec(_Wire):
         return any(s.plugin == scorer for s in self.scorers)
 
 
-class Profiles(_Wire):
+class Profiles(Document):
     """The strict chain and, for a policy that holds requests, the best-effort chain after the hold."""
 
     strict: ProfileSpec = Field(description="Every request goes by it first.")
@@ -155,14 +147,14 @@ class Profiles(_Wire):
     )
 
 
-class BoundedLoadParameters(_Wire):
+class BoundedLoadParameters(Document):
     """The ``bounded-load`` filter's cap: max(loadFactor x mean, mean + loadSlack) requests per backend."""
 
     load_factor: float | None = Field(default=None, gt=0, le=100, description="Multiple of the mean load (1.25).")
     load_slack: float | None = Field(default=None, ge=0, le=10000, description="Requests above the mean (2).")
 
 
-class PluginParameters(_Wire):
+class PluginParameters(Document):
     """Each plugin's own knobs, by plugin name; a plugin not listed runs with its defaults."""
 
     bounded_load: BoundedLoadParameters | None = Field(default=None, alias="bounded-load")
@@ -197,7 +189,7 @@ def _check_wait(value: float, *, zero: bool) -> float:
     return value
 
 
-class DispatchParameters(_Wire):
+class DispatchParameters(Document):
     """How requests that must wait are ordered and how long they wait: ``spec.router.dispatch`` and the
     router's ``--fair-dispatch``, ``--max-prefilling``, ``--max-inflight``, ``--max-queue-wait``,
     ``--max-wait`` (docs/traffic.md). Each default is the flag's."""
@@ -238,7 +230,7 @@ class DispatchParameters(_Wire):
         return _check_wait(value, zero=True)
 
 
-class SlotParameters(_Wire):
+class SlotParameters(Document):
     """What the router assumes of each engine's LoRA slots until the engine reports them: the plan's
     ``maxLoras`` and ``maxCpuLoras`` (the router's ``--max-loras``, ``--max-cpu-loras``)."""
 
@@ -266,7 +258,7 @@ class SlotParameters(_Wire):
         return self
 
 
-class RouterPolicyDocument(_Wire):
+class RouterPolicyDocument(Document):
     """What ``--policy-file`` holds: the router's scheduling policy, versioned."""
 
     api_version: Literal["lorapool.io/v1alpha1"] = Field(alias="apiVersion")

@@ -17,19 +17,12 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
+
+from lorapool.api.fields import Document
 
 TRAFFIC_API_VERSION = "lorapool.io/v1alpha1"
 TRAFFIC_CONFIGMAP_KEY = "traffic.json"
-
-
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(part.title() for part in rest)
-
-
-class _Wire(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, alias_generator=_camel)
 
 
 class Priority(StrEnum):
@@ -75,7 +68,7 @@ _LIMIT_RULES: tuple[tuple[str, str], ...] = (
 )
 
 
-class RateLimits(_Wire):
+class RateLimits(Document):
     """Token-bucket limits for one adapter, for the whole pool (every router replica together)."""
 
     model_config = ConfigDict(json_schema_extra=_cel(*_LIMIT_RULES))
@@ -126,7 +119,7 @@ class RateLimits(_Wire):
         return float(self.burst_tokens if self.burst_tokens is not None else self.tokens_per_minute or 0)
 
 
-class AdapterTraffic(_Wire):
+class AdapterTraffic(Document):
     """How the router treats one adapter's requests."""
 
     priority: Priority = Field(default=Priority.STANDARD, description="critical, standard or sheddable.")
@@ -136,7 +129,7 @@ class AdapterTraffic(_Wire):
 DEFAULT_TRAFFIC = AdapterTraffic()
 
 
-class TrafficPolicy(_Wire):
+class TrafficPolicy(Document):
     """Every adapter's traffic rules for one pool: what ``--traffic-file`` holds."""
 
     api_version: str = Field(default=TRAFFIC_API_VERSION, alias="apiVersion")
