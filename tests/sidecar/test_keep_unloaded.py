@@ -15,7 +15,6 @@ from typing import Any
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 from sidecar_procs import NOT_YET, ConfigMapDir, Sidecar, adapter_set, engine_adapters, metric_samples, start_sidecar
 
 from lorapool_dev.testing.peft import write_peft_adapter
@@ -25,15 +24,6 @@ from lorapool_dev.testing.wait import WaitTimeout, wait_until
 pytestmark = pytest.mark.slow
 
 NAMES = ("sql", "chat")
-
-
-@pytest.fixture(scope="module")
-def moto_endpoint() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
 
 
 @pytest.fixture

@@ -5,26 +5,15 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import io
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 from source_helpers import tar_of_dir
 
 from lorapool.errors import SourceError
 from lorapool.sources import AdapterStore, ConfigCache, Downloader, fetch_adapter_config
-
-
-@pytest.fixture(scope="module")
-def moto_endpoint() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
 
 
 @pytest.fixture
