@@ -15,7 +15,6 @@ wrote and no flag changed has the hash of the file's bytes.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -27,6 +26,7 @@ from lorapool.api.routerpolicy import PolicyState, RouterPolicyDocument, documen
 from lorapool.router.core.document import Chain, Overrides, SchedulerKnobs, apply, flags_document, knobs, resolve
 from lorapool.router.core.document import build as build_scheduling
 from lorapool.router.core.policy import Scheduling
+from lorapool.router.livefile import LiveFile
 from lorapool.router.telemetry import Telemetry
 
 log = logging.getLogger("lorapool.router.policy")
@@ -79,7 +79,7 @@ def read(path: Path, overrides: Overrides) -> tuple[bytes, Loaded]:
     return data, parse(path, data, overrides)
 
 
-class PolicyFile:
+class PolicyFile(LiveFile):
     """Keeps ``path``'s policy in force: ``reread`` applies a changed valid file, keeps the last good one
     on a bad edit, and says which runs (the metric, ``state``, ``on_state`` for the publisher)."""
 
@@ -93,22 +93,17 @@ class PolicyFile:
         first: tuple[bytes, Loaded] | None = None,
     ) -> None:
         """``first``: the file as already read at start (``read``), else read now (ValueError if bad)."""
-        self.path, self.overrides, self.set_policy, self.telemetry = path, overrides, set_policy, telemetry
-        self._seen, self.running = first if first is not None else read(path, overrides)
+        seen, self.running = first if first is not None else read(path, overrides)
+        super().__init__(path, seen, "router policy", log)
+        self.overrides, self.set_policy, self.telemetry = overrides, set_policy, telemetry
         self.state = PolicyState(self.running.hash)
         self.on_state: Callable[[PolicyState], None] | None = None
         telemetry.policy_running(self.running.hash, self.running.chain.name, "file")
 
     def reread(self) -> bool:
         """Read the file again; True when a changed, valid policy was applied."""
-        try:
-            data = self.path.read_bytes()
-        except OSError as exc:
-            log.warning("Kept the router policy: cannot read the file", extra={"kv": {"error": str(exc)}})
+        if (data := self.changed()) is None:
             return False
-        if data == self._seen:
-            return False
-        self._seen = data
         try:
             loaded = parse(self.path, data, self.overrides)
         except ValueError as exc:
@@ -131,11 +126,6 @@ class PolicyFile:
         self.state = state
         if self.on_state is not None:
             self.on_state(state)
-
-    async def run(self, interval_s: float) -> None:
-        while True:
-            await asyncio.sleep(interval_s)
-            self.reread()
 
 
 def summary(loaded: Loaded) -> dict[str, object]:

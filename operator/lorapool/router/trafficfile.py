@@ -1,20 +1,19 @@
 """``--traffic-file``: read the pool's traffic document, and re-read it when the ConfigMap changes.
 
-Shell. The kubelet swaps a ConfigMap volume's files in place (a symlink flip), so the file is read
-again every poll interval and applied when its bytes differ. A bad file at start stops the router
+Shell. Re-read as a ``livefile.LiveFile`` (every poll interval, applied when its bytes differ). A bad file at start stops the router
 with the error (a typo must not start a pool without its limits); a bad file later is logged and
 the last good policy stays in force, so a broken edit never drops every limit at once.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from lorapool.api.traffic import TrafficPolicy
+from lorapool.router.livefile import LiveFile
 from lorapool.router.scheduler import Scheduler
 
 log = logging.getLogger("lorapool.router.traffic")
@@ -38,25 +37,20 @@ def parse_policy(path: Path, data: bytes) -> TrafficPolicy:
         raise ValueError(f"--traffic-file {path} is not a traffic policy (api.traffic): {problems}") from None
 
 
-class TrafficFile:
+class TrafficFile(LiveFile):
     """Applies ``path``'s policy to the scheduler now, then whenever the file changes."""
 
     def __init__(self, path: Path, scheduler: Scheduler) -> None:
-        self.path, self.scheduler = path, scheduler
-        self._seen, policy = read_policy(path)
+        seen, policy = read_policy(path)
+        super().__init__(path, seen, "traffic policy", log)
+        self.scheduler = scheduler
         scheduler.set_traffic(policy)
         log.info("Read traffic policy", extra={"kv": _summary(policy)})
 
     def reread(self) -> bool:
         """Read the file again; True when a changed, valid policy was applied."""
-        try:
-            data = self.path.read_bytes()
-        except OSError as exc:
-            log.warning("Kept the traffic policy: cannot read the file", extra={"kv": {"error": str(exc)}})
+        if (data := self.changed()) is None:
             return False
-        if data == self._seen:
-            return False
-        self._seen = data
         try:
             policy = parse_policy(self.path, data)
         except ValueError as exc:
@@ -67,11 +61,6 @@ class TrafficFile:
         self.scheduler.telemetry.traffic_reloads.labels("applied").inc()
         log.info("Applied new traffic policy", extra={"kv": _summary(policy)})
         return True
-
-    async def run(self, interval_s: float) -> None:
-        while True:
-            await asyncio.sleep(interval_s)
-            self.reread()
 
 
 def _summary(policy: TrafficPolicy) -> dict[str, object]:
