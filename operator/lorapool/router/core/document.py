@@ -39,7 +39,7 @@ from lorapool.api.routerpolicy import (
 )
 from lorapool.router.core import registry
 from lorapool.router.core.plugin import FilterPlugin, HoldPlugin, PickerPlugin, PolicyParams, ScorerPlugin
-from lorapool.router.core.policy import Policy, Scheduling, Scorer
+from lorapool.router.core.policy import Scheduling, Scorer
 from lorapool.router.core.registry import Profile
 
 
@@ -232,26 +232,14 @@ def resolve(doc: RouterPolicyDocument) -> Chain:
     )
 
 
-def _policy(profile: Profile, name: str, p: PolicyParams, instances: dict[str, Scorer]) -> Policy:
-    """``profile`` as a policy; a scorer of weight 0 is left out. ``instances``: the scorers built for
-    the other chain, by name, reused (and filled) so a stateful scorer keeps one state for both chains,
-    each chain with its own weight."""
-    scorers = []
-    for s in profile.counted(p):
-        if s.name not in instances:
-            instances[s.name] = s.factory(p)
-        scorers.append((instances[s.name], s.weight_in(p)))
-    return Policy(name, tuple((f.name, f.build(p)) for f in profile.filters), tuple(scorers), profile.picker.build(p))
-
-
 def build(doc: RouterPolicyDocument) -> Scheduling:
     """The router's scheduling for ``doc`` (the same plugins, weights and picker ``--policy`` builds)."""
     chain = resolve(doc)
-    instances: dict[str, Scorer] = {}
-    strict = _policy(chain.strict, chain.name, chain.params, instances)
+    shared: dict[str, Scorer] = {}  # one instance of each scorer for both chains (registry.Profile.build)
+    strict = chain.strict.build(chain.name, chain.params, shared)
     if chain.fallback is None:
         return Scheduling(strict, strict)
-    fallback = _policy(chain.fallback, f"{chain.name}-best-effort", chain.params, instances)
+    fallback = chain.fallback.build(f"{chain.name}-best-effort", chain.params, shared)
     return Scheduling(strict, fallback, chain.hold.build(chain.params))
 
 

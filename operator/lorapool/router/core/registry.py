@@ -51,19 +51,19 @@ class Profile:
     scorers: tuple[ScorerPlugin, ...]
     picker: PickerPlugin
 
-    def build(self, name: str, params: PolicyParams, shared: dict[str, tuple[Scorer, float]] | None = None) -> Policy:
+    def build(self, name: str, params: PolicyParams, shared: dict[str, Scorer] | None = None) -> Policy:
         """The policy; a scorer whose weight is 0 with ``params`` (an opt-in one left off) is left out.
         ``shared``: scorers already built for another chain of the same scheduling, by name, reused
-        (and filled) so a stateful scorer keeps one state for both chains."""
+        (and filled) so a stateful scorer keeps one state for both chains, each chain counting it
+        with its own weight."""
         built = {} if shared is None else shared
+        scorers = []
         for s in self.counted(params):
             if s.name not in built:
-                built[s.name] = s.build(params)
+                built[s.name] = s.factory(params)
+            scorers.append((built[s.name], s.weight_in(params)))
         return Policy(
-            name,
-            tuple((f.name, f.build(params)) for f in self.filters),
-            tuple(built[s.name] for s in self.counted(params)),
-            self.picker.build(params),
+            name, tuple((f.name, f.build(params)) for f in self.filters), tuple(scorers), self.picker.build(params)
         )
 
     def counted(self, params: PolicyParams) -> tuple[ScorerPlugin, ...]:
@@ -91,7 +91,7 @@ class NamedPolicy:
     hold: HoldPlugin = ALWAYS
 
     def build(self, params: PolicyParams) -> Scheduling:
-        shared: dict[str, tuple[Scorer, float]] = {}  # one instance of each scorer for both chains
+        shared: dict[str, Scorer] = {}  # one instance of each scorer for both chains
         strict = self.strict.build(str(self.name), params, shared)
         if self.fallback is None:
             return Scheduling(strict, strict)
