@@ -31,7 +31,7 @@ from lorapool_dev.testing.envoy import (
     envoy_or_skip,
     start_envoy,
 )
-from lorapool_dev.testing.processes import free_port, free_ports
+from lorapool_dev.testing.processes import RunningProcess, free_port, free_ports
 from lorapool_dev.testing.scrape import metric_value as metric
 from lorapool_dev.testing.scrape import scrape
 from lorapool_dev.testing.wait import wait_until
@@ -65,7 +65,7 @@ def start_gateway(start_router: StartRouter) -> Iterator[StartGateway]:
     def start(
         backends: Sequence[str],
         *,
-        body_mode: BodyMode = BodyMode.FULL_DUPLEX_STREAMED,
+        body_mode: BodyMode | None = None,  # None: the modes that keep failure_mode's promise
         failure_mode: FailureMode = FailureMode.FAIL_CLOSE,
         tls: bool = True,
         router_extra: Sequence[str] = (),
@@ -291,16 +291,16 @@ def test_a_backend_killed_mid_request_is_taken_out_of_rotation(
 @pytest.mark.parametrize(
     ("failure_mode", "body_mode", "status"),
     [
-        (FailureMode.FAIL_CLOSE, BodyMode.FULL_DUPLEX_STREAMED, 500),
-        (FailureMode.FAIL_OPEN, BodyMode.BUFFERED, 200),
+        (FailureMode.FAIL_CLOSE, None, 503),
+        (FailureMode.FAIL_OPEN, None, 200),  # our gateway config: requests BUFFERED, responses STREAMED
         # Envoy fails open under full duplex only until the first body chunk went to the picker
         # (envoyproxy/envoy#41276): a request sent in one write is past that when the connect fails.
-        (FailureMode.FAIL_OPEN, BodyMode.FULL_DUPLEX_STREAMED, 500),
+        (FailureMode.FAIL_OPEN, BodyMode.FULL_DUPLEX_STREAMED, 503),
     ],
-    ids=["FailClose", "FailOpen-buffered", "FailOpen-full-duplex"],
+    ids=["FailClose", "FailOpen", "FailOpen-full-duplex"],
 )
 def test_picker_down(
-    start_sim: StartSim, start_gateway: StartGateway, failure_mode: FailureMode, body_mode: BodyMode, status: int
+    start_sim: StartSim, start_gateway: StartGateway, failure_mode: FailureMode, body_mode: BodyMode | None, status: int
 ) -> None:
     sim = start_sim(time_scale=0)
     gateway = start_gateway([sim], failure_mode=failure_mode, body_mode=body_mode, picker_port=free_port())
@@ -308,6 +308,31 @@ def test_picker_down(
     assert got == status, gateway.envoy.proc.output()[-3000:]
     if status == 200:  # the route's fallback: every endpoint of the pool
         assert headers[SERVED] == endpoint(sim) and json.loads(raw)["model"] == "sql"
+
+
+@pytest.mark.parametrize(("failure_mode", "status"), [(FailureMode.FAIL_OPEN, 200), (FailureMode.FAIL_CLOSE, 503)])
+def test_a_picker_killed_under_a_running_gateway(
+    start_sim: StartSim,
+    start_gateway: StartGateway,
+    processes: dict[str, RunningProcess],
+    failure_mode: FailureMode,
+    status: int,
+) -> None:
+    """The picker dies while the gateway runs: FailOpen still answers (and streams), FailClose
+    answers 503 at once; neither hangs (each request is bounded well under Envoy's message timeout)."""
+    sim = start_sim(time_scale=0)
+    gateway = start_gateway([sim], failure_mode=failure_mode)
+    assert served_by(gateway, "sql") == endpoint(sim)  # picked while it lived
+    processes[gateway.router].popen.kill()
+    processes[gateway.router].popen.wait(10)
+    for _ in range(3):
+        started = time.monotonic()
+        got, _, _ = post(gateway.url, json.dumps({"model": "sql", "prompt": "x", "max_tokens": 1}).encode())
+        assert got == status, gateway.envoy.proc.output()[-3000:]
+        assert time.monotonic() - started < MESSAGE_TIMEOUT_S, "a lost picker must not hold a request"
+    if failure_mode == FailureMode.FAIL_OPEN:
+        stream = client(gateway.url).completions.create(model="sql", prompt="x", max_tokens=4, stream=True)
+        assert [c.choices[0].text for c in stream], "a streamed answer through the fallback route"
 
 
 def test_a_30_mb_body_passes_through_the_picker(start_sim: StartSim, start_gateway: StartGateway) -> None:
@@ -335,7 +360,7 @@ def test_tls_verified_by_envoy_with_the_secrets_pair(
     other.write_bytes(stranger.cert_pem)
     refused = start_gateway([sim], router_extra=flags, picker_ca=str(other))
     got, _, _ = post(refused.url, json.dumps({"model": "sql", "prompt": "x", "max_tokens": 1}).encode())
-    assert got == 500
+    assert got == 503  # status_on_error: the pool is unavailable, not broken
 
 
 def test_grpc_health_on_its_own_plaintext_port(start_gateway: StartGateway, start_sim: StartSim) -> None:

@@ -92,3 +92,16 @@ def test_message_timeout_and_forwarded_metadata() -> None:
     got = ext_proc(bootstrap(replace(BASE, message_timeout_s=2.5)))
     assert got["message_timeout"] == "2.5s"
     assert got["metadata_options"] == {"forwarding_namespaces": {"untyped": ["envoy.lb", "envoy.lb.subset_hint"]}}
+
+
+def test_the_failure_mode_picks_the_body_modes_that_keep_its_promise() -> None:
+    closed = ext_proc(bootstrap(BASE))
+    assert closed["processing_mode"]["request_body_mode"] == "FULL_DUPLEX_STREAMED"
+    assert closed["status_on_error"] == {"code": 503}  # a lost picker: unavailable, at once
+    opened = ext_proc(
+        bootstrap(replace(BASE, failure_mode=FailureMode.FAIL_OPEN, fallback_endpoints=["10.0.0.1:8000"]))
+    )
+    mode = opened["processing_mode"]
+    # envoy#41276: full duplex fails closed once the body reached the picker; buffered requests do not.
+    assert (mode["request_body_mode"], mode["response_body_mode"]) == ("BUFFERED", "STREAMED")
+    assert mode["request_trailer_mode"] == mode["response_trailer_mode"] == "SKIP"

@@ -56,8 +56,23 @@ class BodyMode(StrEnum):
 class FailureMode(StrEnum):
     """What Envoy does when the picker is unreachable (``InferencePool.spec.endpointPickerRef.failureMode``)."""
 
-    FAIL_CLOSE = "FailClose"  # the request fails (failure_mode_allow: false)
+    FAIL_CLOSE = "FailClose"  # the request fails at once with a 503 (failure_mode_allow: false, status_on_error)
     FAIL_OPEN = "FailOpen"  # the request goes on without a pick: to the fallback route (every endpoint)
+
+
+def body_modes_for(failure_mode: FailureMode) -> tuple[BodyMode, BodyMode]:
+    """The (request, response) body modes that keep ``failure_mode``'s promise.
+
+    Envoy fails open only until the first request-body chunk went to the picker: under
+    FULL_DUPLEX_STREAMED a picker lost after that is an error whatever ``failure_mode_allow`` says
+    (envoyproxy/envoy#41276). BUFFERED sends the request body in the one message whose failure Envoy
+    can still skip, so a FailOpen gateway buffers requests, and streams responses (a buffered
+    response would hold a token stream until its end). A FailClose one streams both ways, as GIE's
+    gateways do.
+    """
+    if failure_mode == FailureMode.FAIL_OPEN:
+        return BodyMode.BUFFERED, BodyMode.STREAMED
+    return BodyMode.FULL_DUPLEX_STREAMED, BodyMode.FULL_DUPLEX_STREAMED
 
 
 @dataclass(frozen=True)
@@ -76,7 +91,7 @@ class GatewayConfig:
     admin_port: int
     tls: bool = True
     failure_mode: FailureMode = FailureMode.FAIL_CLOSE
-    body_mode: BodyMode = BodyMode.FULL_DUPLEX_STREAMED
+    body_mode: BodyMode | None = None  # both ways; None: ``body_modes_for(failure_mode)``
     message_timeout_s: float = 5.0
     fallback_endpoints: Sequence[str] = ()
     picker_ca: str | None = None
@@ -173,22 +188,23 @@ def _routes(cfg: GatewayConfig) -> dict[str, Any]:
 
 
 def _ext_proc(cfg: GatewayConfig) -> dict[str, Any]:
-    mode = cfg.body_mode.value
-    trailers = (
-        "SEND" if cfg.body_mode == BodyMode.FULL_DUPLEX_STREAMED else "SKIP"
-    )  # Envoy requires SEND with full duplex
+    request, response = (cfg.body_mode, cfg.body_mode) if cfg.body_mode else body_modes_for(cfg.failure_mode)
+    trailers = "SEND" if request == BodyMode.FULL_DUPLEX_STREAMED else "SKIP"  # Envoy requires SEND with full duplex
     return {
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
             "grpc_service": {"envoy_grpc": {"cluster_name": PICKER_CLUSTER}},
             "failure_mode_allow": cfg.failure_mode == FailureMode.FAIL_OPEN,
+            # A lost picker is the pool being unavailable, not a server bug: 503 (Envoy's default is 500),
+            # which clients and retry policies treat as retryable.
+            "status_on_error": {"code": 503},
             "message_timeout": f"{cfg.message_timeout_s:g}s",
             "processing_mode": {
                 "request_header_mode": "SEND",
                 "response_header_mode": "SEND",
-                "request_body_mode": mode,
-                "response_body_mode": mode,
+                "request_body_mode": request.value,
+                "response_body_mode": response.value,
                 "request_trailer_mode": trailers,
                 "response_trailer_mode": trailers,
             },

@@ -29,7 +29,9 @@ from ..conftest import StartRouter, StartSim
 
 pytestmark = pytest.mark.timeout(60)
 
-FULL_DUPLEX = ext.ProtocolConfiguration(request_body_mode=protocol.FULL_DUPLEX_STREAMED)
+FULL_DUPLEX = ext.ProtocolConfiguration(  # both ways, as Envoy says it
+    request_body_mode=protocol.FULL_DUPLEX_STREAMED, response_body_mode=protocol.FULL_DUPLEX_STREAMED
+)
 
 
 class Stream:

@@ -46,7 +46,8 @@ class _Exchange:
     """One HTTP request's state across its ext_proc messages."""
 
     start: float
-    body_mode: int = 0
+    body_mode: int = 0  # the request body's mode
+    response_mode: int = 0  # the response body's (a FailOpen gateway buffers requests, streams responses)
     headers: dict[str, str] = field(default_factory=dict)
     subset: frozenset[str] | None = None
     chunks: list[bytes] = field(default_factory=list)  # the request body until the pick
@@ -85,6 +86,7 @@ class Picker:
         kind = message.WhichOneof("request")
         if message.HasField("protocol_config"):
             ex.body_mode = message.protocol_config.request_body_mode
+            ex.response_mode = message.protocol_config.response_body_mode
         if kind == "request_headers":
             return await self._request_headers(ex, message)
         if kind == "request_body":
@@ -146,6 +148,19 @@ class Picker:
         ex.decided = True
         if model is None:
             return self._any_backend(ex, phase)
+        try:
+            return await self._route(ex, model, phase, body)
+        except Exception:  # a bug of ours, not the request's: fail open here, whatever the gateway's mode
+            log.exception(
+                "The picker failed to route a request; naming a live endpoint instead", extra={"model": model}
+            )
+            ticket = ex.ticket
+            if ticket is not None and ticket.lease is not None:  # bound before the failure: keep the binding
+                return protocol.picked([self.endpoints.of(ticket.lease.backend)], phase=phase, upstream=self.upstream)
+            return self._any_backend(ex, phase, model)
+
+    async def _route(self, ex: _Exchange, model: str, phase: str, body: RequestBody | None) -> Any:
+        """``_pick`` for a request with a model: admit, hold, bind, name the endpoint and its fallbacks."""
         ticket = ex.ticket = self.lifecycle.admit(model, ex.start, body)
         if ticket.answer is not None:  # throttled, before it counts as demand
             return self._answer_now(ex, ticket.answer)
@@ -172,10 +187,13 @@ class Picker:
         hint = ", ".join(sorted(subset or ())) or "empty"
         return f"no backend of the pool is in the gateway's endpoint subset ({hint}); retry later"
 
-    def _any_backend(self, ex: _Exchange, phase: str) -> Any:
-        """A request without a model (GET /v1/models): the least loaded live backend in the subset."""
+    def _any_backend(self, ex: _Exchange, phase: str, model: str | None = None) -> Any:
+        """The least loaded live backend in the subset: for a request without a model (GET /v1/models),
+        and for one the picker failed to route (``model``: preferring the backends that serve it)."""
         outside = self._outside_subset(ex.subset) or frozenset()
         live = [s for s in self.lifecycle.backends() if s.up and s.id not in outside]
+        serving = [s for s in live if model is not None and model in (s.served_models() or ())]
+        live = serving or live
         if not live:
             return self._answer_now(
                 ex, Answer.unavailable("no backend is up; retry later", self.settings.retry_after_s)
@@ -227,7 +245,7 @@ class Picker:
                 self.lifecycle.first_byte(ex.ticket)
         if body.end_of_stream:
             self._finish(ex)
-        if ex.body_mode == FULL_DUPLEX:
+        if ex.response_mode == FULL_DUPLEX:
             return [protocol.echo(body.body, body.end_of_stream, phase="response_body")]
         return [protocol.proceed("response_body")]
 
