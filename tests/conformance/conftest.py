@@ -23,9 +23,17 @@ import pytest
 from lorapool.api.vllm_versions import CPU_TIER, family_name, release_of
 from lorapool_dev.engine.fixtures import engine_or_skip, started
 from lorapool_dev.engine.server import ENGINE_KINDS, EngineKind, ServeConfig
-from lorapool_dev.engine.tinymodel import AdapterKind, ensure_tiny_model, model_dir, write_tiny_adapter
+from lorapool_dev.engine.tinymodel import (
+    ADAPTER_STD,
+    DEFAULT_SPEC,
+    AdapterKind,
+    ensure_tiny_model,
+    llama_config,
+    write_tiny_adapter,
+)
 from lorapool_dev.testing import http
 from lorapool_dev.testing.http import Response
+from lorapool_dev.testing.peft import Misfit, write_misfit_adapter
 from lorapool_dev.testing.processes import free_port
 
 MAX_LORAS = 1
@@ -47,6 +55,15 @@ ADAPTERS: dict[str, tuple[int, int, AdapterKind]] = {
     "dora": (8, 7, AdapterKind.DORA),
     "corrupt": (8, 8, AdapterKind.CORRUPT),
     "wrong-base": (8, 9, AdapterKind.WRONG_BASE),
+}
+# Adapters that do not fit the tiny model (besides "wrong-base", made for another shape): what vLLM
+# does with each is a row of the table; lorapool.sources.verify refuses them all.
+MISFITS: dict[str, Misfit] = {
+    "other-prefix": Misfit.OTHER_PREFIX,
+    "too-many-layers": Misfit.TOO_MANY_LAYERS,
+    "rank-mismatch": Misfit.RANK_MISMATCH,
+    "module-base-lacks": Misfit.MODULE_BASE_LACKS,
+    "no-lora-tensors": Misfit.NO_LORA_TENSORS,
 }
 
 
@@ -86,7 +103,22 @@ def adapter_paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     config = json.loads((saved / "adapter_config.json").read_text())
     (saved / "adapter_config.json").write_text(json.dumps({**config, "modules_to_save": ["lm_head"]}))
     paths["modules-to-save"] = str(saved)
+    for seed, (name, misfit) in enumerate(MISFITS.items(), start=20):
+        shapes, layers = DEFAULT_SPEC.module_shapes(), DEFAULT_SPEC.num_layers
+        written = write_misfit_adapter(
+            root / name, misfit, module_shapes=shapes, num_layers=layers, seed=seed, std=ADAPTER_STD, base_model=BASE
+        )
+        paths[name] = str(written)
     return paths
+
+
+@pytest.fixture(scope="session")
+def sim_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The simulator's --model: a directory with the tiny model's config.json, so it verifies adapters
+    against the shape vLLM serves (it reads no weights), whether or not the engine is installed."""
+    root = tmp_path_factory.mktemp("sim-model")
+    (root / "config.json").write_text(json.dumps(llama_config(DEFAULT_SPEC)))
+    return str(root)
 
 
 def serve_config(model: str, paths: dict[str, str]) -> ServeConfig:
@@ -110,6 +142,7 @@ def serve_config(model: str, paths: dict[str, str]) -> ServeConfig:
 def engine(
     request: pytest.FixtureRequest,
     adapter_paths: dict[str, str],
+    sim_model: str,
     record_testsuite_property: Callable[[str, object], None],
 ) -> Iterator[Engine]:
     kind: EngineKind = request.param
@@ -121,8 +154,8 @@ def engine(
             record_testsuite_property("vllm_version.vllm", version)
             yield Engine(kind, cfg, adapter_paths, proc, version=version)
     else:
-        # The simulator reads no weights: the model path is only the base card's root.
-        cfg = serve_config(str(model_dir()), adapter_paths)
+        # The simulator reads no weights: the model path is the base card's root and its shape.
+        cfg = serve_config(sim_model, adapter_paths)
         with started("sim", cfg) as proc:
             version = reference_version(cfg)
             record_testsuite_property("vllm_version.sim", version)

@@ -21,7 +21,10 @@ from typing import Any
 import pytest
 
 from lorapool.api.vllm_versions import CPU_TIER
+from lorapool.errors import AdapterError
 from lorapool.sim.metrics import LATENCY_BUCKETS, TTFT_BUCKETS
+from lorapool.sources.verify import BaseShape, verify_adapter_dir
+from lorapool_dev.engine.tinymodel import DEFAULT_SPEC, llama_config
 from lorapool_dev.testing.scrape import latest_labels, metric_value, samples
 from lorapool_dev.testing.wait import wait_until
 from tests.conformance.conftest import BASE, BLOCK_SIZE, MAX_LORA_RANK, MAX_LORAS, MAX_MODEL_LEN, Engine, Response
@@ -115,12 +118,48 @@ CASES: tuple[Case, ...] = (
         expect=_internal("Unsupported modules_to_save: ['lm_head']"),
     ),
     Case("load-corrupt", LOAD, load("corrupt", "@corrupt"), expect=_internal("")),
+    # Adapters that do not fit the model. vLLM loads all but one and serves them wrongly; the simulator
+    # refuses them through lorapool.sources.verify, as the sidecar does before any load (test_verified_*).
     Case(
         "load-wrong-base",
         LOAD,
         load("wrong-base", "@wrong-base"),
         expect=Expect(200, body="Success: LoRA adapter 'wrong-base' added successfully."),
+        sim=_internal(f"{BASE} expects [8, 512] (r x intermediate_size 512)"),
+        why="vLLM copies the smaller tensors into its buffers and serves them; the verifier refuses the shapes",
     ),
+    Case(
+        "load-other-prefix",
+        LOAD,
+        load("other-prefix", "@other-prefix"),
+        expect=Expect(200, body="Success: LoRA adapter 'other-prefix' added successfully."),
+        sim=_internal("which is not in the base; vLLM would ignore it without a word"),
+        why="vLLM matches no module and serves base-model output (vllm#34186); the verifier refuses the names",
+    ),
+    Case(
+        "load-too-many-layers",
+        LOAD,
+        load("too-many-layers", "@too-many-layers"),
+        expect=Expect(200, body="Success: LoRA adapter 'too-many-layers' added successfully."),
+        sim=_internal(f"is for layer 2, but {BASE} has 2 layers (0..1)"),
+        why="vLLM ignores the layers the model lacks and serves the rest; the verifier refuses the adapter",
+    ),
+    Case(
+        "load-rank-mismatch",
+        LOAD,
+        load("rank-mismatch", "@rank-mismatch"),
+        expect=Expect(200, body="Success: LoRA adapter 'rank-mismatch' added successfully."),
+        sim=_internal("has rank 16 (shape [16, 512]), but adapter_config.json says r=8 for it"),
+        why="vLLM takes the rank from the config (scaling alpha/r) and the weights as they are; the verifier refuses",
+    ),
+    Case(
+        "load-module-base-lacks",
+        LOAD,
+        load("module-base-lacks", "@module-base-lacks"),
+        expect=_internal("expected target modules in"),
+    ),
+    # vLLM's worker fails on it with an empty reason; the simulator's 500 gives the verifier's.
+    Case("load-no-lora-tensors", LOAD, load("no-lora-tensors", "@no-lora-tensors"), expect=_internal("")),
     Case(
         "load-no-path",
         LOAD,
@@ -475,6 +514,41 @@ def test_inplace_reload_changes_the_output(engine: Engine) -> None:
     assert _text(engine, BASE) != before
     assert engine.post(LOAD, load("swap", engine.paths["good-b"], inplace=True)).status == 200
     assert _text(engine, "swap") != before
+
+
+# -- adapters that do not fit: what vLLM serves, and that the verifier refuses each --------------------
+
+
+def test_what_vllm_serves_for_an_adapter_that_does_not_fit(engine: Engine) -> None:
+    """vLLM (200 at load above) answers with base-model output when no name matches a module, and
+    with changed output when some layers do; the simulator refused them at load."""
+    for name, same_as_base in (("other-prefix", True), ("too-many-layers", False)):
+        loaded = engine.post(LOAD, load(f"served-{name}", engine.paths[name]))
+        if engine.kind == "sim":
+            assert loaded.status == 500, loaded.text
+            continue
+        assert loaded.status == 200, loaded.text
+        assert (_text(engine, f"served-{name}") == _text(engine, BASE)) is same_as_base, name
+        assert engine.post(UNLOAD, {"lora_name": f"served-{name}"}).status == 200
+
+
+@pytest.mark.parametrize(
+    ("name", "words"),
+    [
+        ("wrong-base", f"{BASE} expects [8, 512]"),
+        ("other-prefix", "vllm#34186"),
+        ("too-many-layers", "is for layer 2"),
+        ("rank-mismatch", "says r=8 for it"),
+        ("module-base-lacks", "the base has no module 'c_attn'"),
+        ("no-lora-tensors", "holds no LoRA tensors"),
+    ],
+)
+def test_verified_before_any_load_each_is_refused(adapter_paths: dict[str, str], name: str, words: str) -> None:
+    """Every adapter of the rows above that vLLM loads or refuses is refused by the sidecar's verifier."""
+    base = BaseShape.from_config(llama_config(DEFAULT_SPEC), name=BASE)
+    with pytest.raises(AdapterError, match=re.escape(words)):
+        verify_adapter_dir(Path(adapter_paths[name]), base, where=name)
+    assert verify_adapter_dir(Path(adapter_paths["good-a"]), base, where="good-a").tensors > 0
 
 
 # -- metrics ------------------------------------------------------------------------------------------

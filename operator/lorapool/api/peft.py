@@ -6,6 +6,7 @@ source), the sidecar (verify before load) and the simulator (refuse what vLLM re
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,10 +32,27 @@ class AdapterConfig:
     bias: str = "none"
     modules_to_save: tuple[str, ...] = ()
     problems: tuple[str, ...] = field(default=())  # why vLLM would refuse it; empty if servable
+    r: int = 0  # the config's own ``r`` (0: not recorded; ``rank`` then stands for it)
+    rank_pattern: tuple[tuple[str, int], ...] = ()  # PEFT's per-module ranks, in the file's order
 
     @property
     def servable(self) -> bool:
         return not self.problems
+
+    def rank_for(self, module: str) -> int:
+        """The rank PEFT trained ``module`` at (its name without ``base_model.model.``).
+
+        As vLLM's ``PEFTHelper._match_pattern``: a key matches the end of the name at a ``.``
+        boundary, read as a regular expression; the first match wins, else ``r``.
+        """
+        for key, value in self.rank_pattern:
+            try:
+                if re.match(rf"(.*\.)?({key})$", module):
+                    return value
+            except re.error:
+                if module == key or module.endswith(f".{key}"):
+                    return value
+        return self.r or self.rank
 
 
 def parse_adapter_config(raw: Mapping[str, Any], *, where: str = "adapter_config.json") -> AdapterConfig:
@@ -85,6 +103,8 @@ def parse_adapter_config(raw: Mapping[str, Any], *, where: str = "adapter_config
         bias=bias,
         modules_to_save=modules_to_save,
         problems=tuple(problems),
+        r=r,
+        rank_pattern=tuple((str(k), v) for k, v in pattern.items()),
     )
 
 

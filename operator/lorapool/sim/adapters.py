@@ -3,6 +3,10 @@
 Called by the HTTP shell for ``/v1/load_lora_adapter`` and for ``--lora-modules`` at start-up.
 It reads the real files: ``adapter_config.json`` through ``lorapool.api.peft`` and the
 safetensors header through ``lorapool.sources.layout``; the tensors themselves are never loaded.
+After vLLM's own refusals it runs the verifier every source goes through (``lorapool.sources.verify``,
+against ``base``: the shape of the model the simulator stands in for, when it knows it). vLLM loads
+those adapters and serves them wrongly (tests/conformance records what it does with each); the
+simulator refuses them with the same 500 as any other worker failure, a tolerated difference.
 
 Status codes follow vLLM 0.32's ``OpenAIServingModels.load_lora_adapter``, measured against the
 real engine in ``tests/conformance``: a missing adapter (``No adapter found``) is 404
@@ -22,6 +26,7 @@ from pathlib import Path
 from lorapool.api.peft import AdapterConfig, parse_adapter_config
 from lorapool.errors import AdapterError
 from lorapool.sources.layout import read_safetensors_header
+from lorapool.sources.verify import BaseShape, verify_adapter_dir
 
 # Modules vLLM's Llama implementation accepts LoRA weights for (packed into qkv/gate_up).
 LLAMA_LORA_MODULES = frozenset(
@@ -59,8 +64,9 @@ class AdapterFiles:
     tensor_bytes: int
 
 
-def read_adapter(name: str, path: str, *, max_lora_rank: int) -> AdapterFiles:
-    """Validate ``path`` as vLLM's worker would; raise AdapterLoadError if vLLM would refuse it."""
+def read_adapter(name: str, path: str, *, max_lora_rank: int, base: BaseShape | None = None) -> AdapterFiles:
+    """Validate ``path`` as vLLM's worker would, then as ``sources.verify`` does (against ``base``; None:
+    config and weights only); raise AdapterLoadError if either refuses it."""
     directory = Path(path)
     config_file = directory / "adapter_config.json"
     if not config_file.is_file():
@@ -89,6 +95,10 @@ def read_adapter(name: str, path: str, *, max_lora_rank: int) -> AdapterFiles:
             f"While loading {path}, expected target modules in {sorted(LLAMA_LORA_MODULES)} "
             f"but received {unexpected}. Please verify that the loaded LoRA module is correct"
         )
+    try:
+        verify_adapter_dir(directory, base, where=path)
+    except AdapterError as exc:
+        raise worker_failure(str(exc)) from exc
     return AdapterFiles(path=path, config=config, tensor_bytes=tensors.stat().st_size)
 
 
@@ -130,6 +140,4 @@ def _check_safetensors(path: Path) -> set[str]:
             if marker in parts:
                 modules.add(parts[parts.index(marker) - 1])
                 break
-    if not modules:
-        raise ValueError("no lora_A/lora_B tensors")
-    return modules
+    return modules  # none at all: the verifier refuses it

@@ -1,9 +1,11 @@
 """``Downloader``: fetch an adapter from any source into the store, verified.
 
 Called by the sidecar. Per adapter: check the name, download into a staging directory
-(at most ``parallel`` at once), keep only the PEFT files, check their structure, verify
-``sha256`` and move the tree into the content-addressed store. It does not judge the
-adapter against a pool (rank, base model): that is the caller's policy.
+(at most ``parallel`` at once), keep only the PEFT files, check their structure and their
+tensors' names and shapes against the base model (``sources.verify``; ``base_shape`` None:
+config and weights only), verify ``sha256`` and move the tree into the content-addressed store.
+It does not judge the adapter against a pool's policy (rank limit, base model name, DoRA): that
+is the caller's.
 
 sha256 semantics (``DesiredAdapter.sha256``):
   * a source that is one archive (https/s3/file/pvc URL ending in .tar.gz, .tgz, .tar
@@ -29,9 +31,7 @@ from lorapool.errors import AdapterError, SourceError
 from lorapool.sources.base import Downloaded, Limits, SourceOptions
 from lorapool.sources.layout import (
     CONFIG_FILE,
-    SAFETENSORS_FILE,
     check_name,
-    check_safetensors,
     find_adapter_root,
     parse_config_bytes,
     pick_files,
@@ -39,6 +39,7 @@ from lorapool.sources.layout import (
 )
 from lorapool.sources.registry import open_source
 from lorapool.sources.store import AdapterStore, Origin, adapter_identity, tree_manifest
+from lorapool.sources.verify import BaseShape, verify_adapter_dir
 
 
 class ChecksumMismatch(AdapterError):
@@ -69,8 +70,10 @@ class Downloader:
         parallel: int = 4,
         options: SourceOptions | None = None,
         clock: Callable[[], float] = time.monotonic,
+        base_shape: BaseShape | None = None,
     ) -> None:
         self.store = store
+        self.base_shape = base_shape  # what every download is verified against; None: config and weights only
         self.limits = limits or Limits()
         self.options = options or SourceOptions()
         self._semaphore = asyncio.Semaphore(parallel)
@@ -154,8 +157,7 @@ class Downloader:
                 f"{where}: {CONFIG_FILE} exceeds {self.limits.max_config_bytes} bytes; it is not a PEFT config"
             )
         config = parse_config_bytes(files[CONFIG_FILE].read_bytes(), where=where)
-        if SAFETENSORS_FILE in files:
-            check_safetensors(files[SAFETENSORS_FILE], where=where)
+        verify_adapter_dir(root, self.base_shape, where=where)  # before it can reach the store, so any load
         manifest = tree_manifest(files)
         if sha256 is not None:
             if downloaded.archive_sha256 is not None:

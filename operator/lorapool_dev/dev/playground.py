@@ -226,14 +226,17 @@ def _start_operator(cluster: Any, ns: str, stack: list[Any], *, gateway: bool = 
 
 def _local_sources(pool_doc: dict[str, Any], state: Path) -> None:
     """Replace adapter sources this machine cannot reach by local PEFT adapters of the same rank."""
-    from lorapool_dev.testing.peft import write_peft_adapter
+    from lorapool_dev.testing.peft import base_module_shapes, write_peft_adapter
 
     base = pool_doc["spec"]["baseModel"]["name"]
+    shapes = base_module_shapes(base)  # the base's own shapes: the sidecars verify every adapter against them
     for adapter in pool_doc["spec"].get("adapters") or []:
         if adapter["source"].startswith(("file://", "pvc://")):
             continue
         rank = int(adapter.get("rank") or 8)
-        path = write_peft_adapter(state / "adapters-src" / adapter["name"], rank=rank, base_model=base)
+        path = write_peft_adapter(
+            state / "adapters-src" / adapter["name"], rank=rank, base_model=base, module_shapes=shapes
+        )
         _say(f"Serving a local PEFT copy of {adapter['name']} (rank {rank}) instead of {adapter['source']}")
         adapter["source"] = f"file://{path}"
 
@@ -491,11 +494,12 @@ class _Router:
 def _try_it(cluster: Any, pool: dict[str, Any], state: Path, router_url: str) -> None:
     """Write a LoRAAdapter the user can apply and print the commands that show it served."""
     from lorapool_dev.cluster.versions import binary
-    from lorapool_dev.testing.peft import write_peft_adapter
+    from lorapool_dev.testing.peft import base_module_shapes, write_peft_adapter
 
     ns, name = pool["metadata"]["namespace"], pool["metadata"]["name"]
+    base = pool["spec"]["baseModel"]["name"]
     source = write_peft_adapter(
-        state / "adapters-src" / "my-adapter", rank=8, base_model=pool["spec"]["baseModel"]["name"]
+        state / "adapters-src" / "my-adapter", rank=8, base_model=base, module_shapes=base_module_shapes(base)
     )
     adapter = {
         "apiVersion": "lorapool.io/v1alpha1", "kind": "LoRAAdapter",

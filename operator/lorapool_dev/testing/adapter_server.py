@@ -26,7 +26,8 @@ writer = {{"__name__": "lorapool_dev_peft"}}
 exec({writer!r}, writer)
 root = pathlib.Path({root!r})
 for name, rank in {adapters!r}.items():
-    writer["write_peft_adapter"](root / name, rank=rank, base_model={base!r})
+    shapes = writer["base_module_shapes"]({base!r})  # the base's shapes: the sidecars verify against them
+    writer["write_peft_adapter"](root / name, rank=rank, base_model={base!r}, module_shapes=shapes)
 handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
 print("serving adapters", flush=True)
 http.server.ThreadingHTTPServer(({host!r}, {port}), handler).serve_forever()

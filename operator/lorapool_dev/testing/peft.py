@@ -10,8 +10,10 @@ Run as a script to make fixtures:  ``python -m lorapool_dev.testing.peft OUT_DIR
 from __future__ import annotations
 
 import argparse
+import enum
 import json
 import random
+import re
 import struct
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -64,6 +66,8 @@ def write_peft_adapter(
     extra_config: dict[str, Any] | None = None,
     module_shapes: Mapping[str, tuple[int, int]] | None = None,
     std: float | None = None,
+    name_prefix: str = "base_model.model.model",
+    weights_rank: int | None = None,
 ) -> Path:
     """Write a PEFT LoRA adapter into ``out_dir`` (created) and return it.
 
@@ -71,6 +75,9 @@ def write_peft_adapter(
     bytes (some NaN): enough for anything that reads headers and shapes. For a real engine,
     give ``module_shapes`` (module -> ``(out_features, in_features)`` of the base layer) and
     ``std``: the tensors are then seeded normal values, finite, that change the model's output.
+    A ``rank_pattern`` in ``extra_config`` gives its modules that rank, as PEFT saves them.
+    ``name_prefix`` (PEFT's is ``base_model.model.model``) and ``weights_rank`` (default: the
+    config's) write the misfits ``write_misfit_adapter`` names.
     """
     rng = random.Random(seed)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -78,9 +85,10 @@ def write_peft_adapter(
     for layer in range(num_layers):
         for module in target_modules:
             group = "self_attn" if module.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) else "mlp"
-            prefix = f"base_model.model.model.layers.{layer}.{group}.{module}"
+            prefix = f"{name_prefix}.layers.{layer}.{group}.{module}"
             out_features, in_features = (module_shapes or {}).get(module, (hidden_size, hidden_size))
-            for part, shape in (("lora_A", (rank, in_features)), ("lora_B", (out_features, rank))):
+            r = weights_rank or _pattern_rank(module, rank, (extra_config or {}).get("rank_pattern") or {})
+            for part, shape in (("lora_A", (r, in_features)), ("lora_B", (out_features, r))):
                 count = shape[0] * shape[1]
                 data = rng.randbytes(2 * count) if std is None else normal_f16(rng, count, std)
                 tensors[f"{prefix}.{part}.weight"] = (shape, data)
@@ -103,6 +111,85 @@ def write_peft_adapter(
     (out_dir / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
     (out_dir / "adapter_model.safetensors").write_bytes(safetensors_bytes(tensors))
     return out_dir
+
+
+def _pattern_rank(module: str, rank: int, pattern: Mapping[str, int]) -> int:
+    """The rank PEFT gives ``module`` under ``rank_pattern`` (the first key matching its end)."""
+    return next((value for key, value in pattern.items() if re.fullmatch(rf"(.*\.)?({key})", module)), rank)
+
+
+def base_module_shapes(base_model: str) -> dict[str, tuple[int, int]] | None:
+    """Each LoRA-able module's ``(out_features, in_features)`` in a base the planner's table knows
+    (``lorapool.plan.dims``), None for another: give it as ``module_shapes`` so the adapter fits the
+    shape the operator renders for the sidecar's verifier (``lorapool.sources.verify``)."""
+    from lorapool.plan.dims import lookup_model
+
+    dims = lookup_model(base_model)
+    if dims is None:
+        return None
+    q, kv = dims.num_attention_heads * dims.head_dim, dims.num_key_value_heads * dims.head_dim
+    h, i = dims.hidden_size, dims.intermediate_size
+    return {
+        "q_proj": (q, h),
+        "k_proj": (kv, h),
+        "v_proj": (kv, h),
+        "o_proj": (h, q),
+        "gate_proj": (i, h),
+        "up_proj": (i, h),
+        "down_proj": (h, i),
+    }
+
+
+class Misfit(enum.StrEnum):
+    """Real PEFT adapters that do not fit their base, one per refusal of ``lorapool.sources.verify``."""
+
+    OTHER_SHAPE = "other-shape"  # trained on a model with other dimensions
+    OTHER_PREFIX = "other-prefix"  # saved from the bare decoder: names match no module (vllm#34186)
+    TOO_MANY_LAYERS = "too-many-layers"  # two layers more than the base has
+    RANK_MISMATCH = "rank-mismatch"  # weights at twice the config's r
+    MODULE_BASE_LACKS = "module-base-lacks"  # a GPT-2 style c_attn beside q_proj
+    NO_LORA_TENSORS = "no-lora-tensors"  # a weights file with no tensor at all
+
+
+def write_misfit_adapter(
+    out_dir: Path,
+    misfit: Misfit,
+    *,
+    module_shapes: Mapping[str, tuple[int, int]],
+    num_layers: int,
+    rank: int = 8,
+    seed: int = 0,
+    std: float | None = None,
+    base_model: str = "tiny-llama",
+) -> Path:
+    """An adapter for the base of ``module_shapes`` and ``num_layers`` with one ``misfit``."""
+    targets: tuple[str, ...] = tuple(module_shapes)
+    shapes: dict[str, tuple[int, int]] = dict(module_shapes)
+    kwargs: dict[str, Any] = {}
+    if misfit is Misfit.OTHER_SHAPE:
+        shapes = {m: (out // 2, inp // 2) for m, (out, inp) in module_shapes.items()}
+    elif misfit is Misfit.OTHER_PREFIX:
+        kwargs["name_prefix"] = "base_model.model"
+    elif misfit is Misfit.TOO_MANY_LAYERS:
+        num_layers += 2
+    elif misfit is Misfit.RANK_MISMATCH:
+        kwargs["weights_rank"] = 2 * rank
+    elif misfit is Misfit.MODULE_BASE_LACKS:
+        targets, shapes = (*targets, "c_attn"), {**shapes, "c_attn": next(iter(shapes.values()))}
+    elif misfit is Misfit.NO_LORA_TENSORS:
+        targets = ()
+    return write_peft_adapter(
+        out_dir,
+        rank=rank,
+        base_model=base_model,
+        target_modules=targets,
+        num_layers=num_layers,
+        seed=seed,
+        module_shapes=shapes,
+        std=std,
+        extra_config={"lora_alpha": 2 * rank},
+        **kwargs,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
