@@ -35,6 +35,7 @@ COMMANDS: dict[str, Command] = {
     "plan": Command("lorapool.commands.plan", "derive vLLM LoRA flags and the GPU memory budget"),
     "render": Command("lorapool.commands.render", "print every object the operator applies for a pool"),
     "crds": Command("lorapool.commands.crds", "write the CustomResourceDefinitions generated from the API"),
+    "adapter": Command("lorapool.commands.adapter", "push an adapter to an OCI registry (verified), or pull one"),
     "operator": Command("lorapool.controller.cli", "run the Kubernetes operator (kopf)"),
     "sim": Command("lorapool.sim.cli", "run the vLLM simulator (a GPU-free stand-in for vllm serve)"),
     "sidecar": Command("lorapool.sidecar.cli", "run the adapter-sync sidecar next to a vLLM engine"),

@@ -1,7 +1,7 @@
 """The scheme table (lorapool.api.schemes) against every reader of it: each entry's validation (the
 pydantic rules, the CRD's CEL rules and the adapter set's wire pattern), the registry that opens
 its sources, and the renderer that mounts them and passes their credentials. One row per scheme,
-so a new entry (oci://) fails here until every reader knows it."""
+so a new entry fails here until every reader knows it."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from lorapool.api.common import ADAPTER_SOURCE, BASE_MODEL_SOURCE, SOURCE_PATTER
 from lorapool.api.load import parse_object
 from lorapool.api.models import Credentials, LoRAPool
 from lorapool.api.schemes import SCHEMES, CredentialsKind, Delivery, ModelArg, Scheme, named, scheme_of
-from lorapool.errors import SourceError
+from lorapool.errors import SourceError, SpecError
 from lorapool.plan.adapters import merge_adapters
 from lorapool.plan.planner import AdapterRank, plan_pool
 from lorapool.render import source_access
@@ -174,6 +174,7 @@ def test_the_renderer_passes_credentials_for_every_scheme_with_a_secret(example_
     doc["spec"]["credentials"] = {
         "huggingFace": {"name": "hf", "key": "token"},
         "s3": {"secretName": "s3", "endpoint": "https://minio.example:9000", "region": "us-east-1"},
+        "oci": {"secretName": "registry", "plainHTTP": ["registry.lorapool-system:5000"]},
     }
     expected = [
         e
@@ -237,3 +238,61 @@ def test_a_base_model_reaches_vllm_as_its_entry_says(scheme: Scheme, example_doc
     mounted = scheme.delivery is Delivery.MOUNTED
     assert (source_access.BASE_MODEL_VOLUME in volumes) == mounted
     assert any(m["mountPath"] == source_access.BASE_MODEL_MOUNT for m in vllm["volumeMounts"]) == mounted
+
+
+# --- oci://: the reference forms, the plain-HTTP list -------------------------------------------
+
+_DIGEST = "sha256:" + "0123456789abcdef" * 4
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "oci://registry.example.com/adapters/sql-coder:v1",
+        "oci://127.0.0.1:5000/sql-coder:v1",
+        f"oci://10.0.0.7:5000/team/sql-coder@{_DIGEST}",
+        f"oci://localhost:5000/sql_coder.x:v1@{_DIGEST}",
+    ],
+)
+def test_an_oci_reference_with_a_tag_or_a_digest_validates(source: str) -> None:
+    _ADAPTER.validate_python(source)
+    assert re.fullmatch(SOURCE_PATTERN, source)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "oci://registry.example.com/adapters/sql-coder",  # neither a tag nor a digest: no implicit latest
+        "oci://registry.example.com/Adapters/sql-coder:v1",  # repositories are lowercase
+        "oci://registry.example.com/adapters/../x:v1",
+        "oci://registry.example.com/x@sha256:abc",  # a digest is 64 hex digits
+        "oci://registry.example.com/x:v1/extra",  # a tag has no '/'
+        "oci://registry.example.com/x//y:v1",
+    ],
+)
+def test_an_oci_reference_without_a_tag_or_digest_is_refused_with_the_form(source: str) -> None:
+    assert _refusal(_ADAPTER, source) == named("oci").adapter.message  # type: ignore[union-attr]
+
+
+def test_oci_plain_http_entries_must_be_hosts(example_doc: dict[str, Any]) -> None:
+    doc = copy.deepcopy(example_doc)
+    doc["spec"]["credentials"] = {"oci": {"plainHTTP": ["http://registry:5000"]}}
+    with pytest.raises(SpecError) as err:
+        parse_object(doc)
+    assert "spec.credentials.oci.plainHTTP[0]: must be a registry as oci:// sources name it" in str(err.value)
+
+
+def test_oci_credentials_reach_the_pod_as_the_secret_key_and_the_plain_http_list(
+    example_doc: dict[str, Any],
+) -> None:
+    doc = copy.deepcopy(example_doc)
+    doc["spec"]["credentials"] = {"oci": {"secretName": "registry", "plainHTTP": ["a:5000", "10.0.0.7:5000"]}}
+    for container in _engine_pod(_render(doc))["containers"]:
+        env = {e["name"]: e for e in container["env"]}
+        assert env["LORAPOOL_OCI_AUTH"]["valueFrom"] == {
+            "secretKeyRef": {"name": "registry", "key": ".dockerconfigjson"}
+        }, container["name"]
+        assert env["LORAPOOL_OCI_PLAIN_HTTP"]["value"] == "a:5000,10.0.0.7:5000"
+    doc["spec"]["credentials"] = {"oci": {"plainHTTP": ["a:5000"]}}  # a registry without a login
+    names = [e["name"] for c in _engine_pod(_render(doc))["containers"] for e in c["env"]]
+    assert "LORAPOOL_OCI_AUTH" not in names and "LORAPOOL_OCI_PLAIN_HTTP" in names

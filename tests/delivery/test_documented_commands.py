@@ -44,7 +44,7 @@ SHELL_BLOCK = re.compile(r"```(sh|bash|shell|console)\n(.*?)```", re.S)
 INLINE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
 PROGRAMS = {"lorapool", "python", "python3", "make"}
 SCRIPT_DIRS = ("scripts/", "e2e/")
-FOREIGN = {"kubectl", "helm", "docker", "pip", "yq", "export", "ruff", "cd", "git", "curl", "KEEP=1"}
+FOREIGN = {"kubectl", "helm", "docker", "pip", "yq", "export", "ruff", "cd", "git", "curl", "KEEP=1", "echo"}
 # `lorapool X` that name a thing, not a command: the benchmark's systems, policies, placeholders.
 NOT_COMMANDS = {"affinity", "placement", "round-robin", "least-loaded", "fair", "<policy>", "<command>", "<cmd>"}
 # Example files a documented command reads when the user has one of their own.
@@ -112,6 +112,10 @@ def _segments(command: str) -> Iterator[list[str]]:
 def _strip_env(words: list[str]) -> list[str]:
     while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
         words = words[1:]
+    # a command whose output a variable takes: `digest=$(lorapool adapter push ...)` runs `lorapool ...`
+    if words and (captured := re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=\$\((\S+)", words[0])):
+        words = [captured[1], *words[1:]]
+        words[-1] = words[-1].removesuffix(")")
     return words
 
 

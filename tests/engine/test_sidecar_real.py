@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -26,6 +28,7 @@ from lorapool_dev.engine.tinymodel import AdapterKind, ensure_tiny_model, write_
 from lorapool_dev.testing import http
 from lorapool_dev.testing.components import Component, start_sidecar
 from lorapool_dev.testing.processes import ProcessError, RunningProcess, free_port
+from lorapool_dev.testing.registry import run_registry
 from lorapool_dev.testing.scrape import samples
 from lorapool_dev.testing.wait import wait_until
 
@@ -267,6 +270,36 @@ def test_refused_adapters_fail_permanently_and_the_good_one_is_served(
     assert failures.get("reason=engine") == 1.0, failures  # only the rank refusal reached the engine's 500
     assert set(engine.adapters()) == {"good"}
     assert engine.text("good") != engine.text(BASE)
+
+
+def test_an_adapter_pushed_by_the_cli_to_a_real_registry_is_served_by_digest(
+    engine: Engine, sidecar_for: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``lorapool adapter push`` (verified against the tiny Llama's own config.json) to the CNCF registry
+    with htpasswd auth; the sidecar pulls it by digest with the pool's credentials (as rendered for
+    spec.credentials.oci), real vLLM serves it, and the sidecar reports the digest it loaded."""
+    with run_registry(tmp_path / "registry", auth="htpasswd") as registry:
+        assert registry.username is not None and registry.password is not None
+        adapter = write_tiny_adapter(tmp_path / "sql", rank=8, seed=21)
+        ref = f"oci://{registry.host}/team/sql-coder:v1"
+        config_json = Path(engine.cfg.model) / "config.json"
+        argv = ["adapter", "push", str(adapter), ref, "--plain-http", "--base-config", str(config_json)]
+        pushed = subprocess.run(
+            [sys.executable, "-m", "lorapool.cli", *argv, "--username", registry.username, "--password-stdin"],
+            input=registry.password + "\n", capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert pushed.returncode == 0, pushed.stderr
+        digest = pushed.stdout.strip()
+        monkeypatch.setenv("LORAPOOL_OCI_AUTH", json.dumps(registry.docker_config()))
+        monkeypatch.setenv("LORAPOOL_OCI_PLAIN_HTTP", registry.host)
+        sidecar, config = sidecar_for()
+        config.write([{"name": "sql", "source": f"oci://{registry.host}/team/sql-coder@{digest}"}])
+        state = sidecar.wait_phase("sql", "Loaded")
+        assert state["resolvedRevision"] == digest
+        assert engine.text("sql") != engine.text(BASE)
+        assert registry.password not in sidecar.component.proc.output()
+        config.write([])
+        wait_until("the engine to hold no adapter", lambda: not engine.adapters(), LOAD_S)
 
 
 def test_everything_is_reloaded_after_the_engine_tree_is_killed_and_restarted(

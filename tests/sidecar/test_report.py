@@ -49,6 +49,25 @@ REPORTS = {
         {},
         {"a": AdapterReport(Phase.LOADED, id=short_id(identity_of(A)), loaded=short_id(identity_of(A)))},
     ),
+    "loaded-from-a-tag-carries-its-digest": (
+        {"a": A},
+        {"a": AdapterState("a", Phase.LOADED, loaded=identity_of(A), resolved="sha256:" + "d" * 64)},
+        {},
+        {
+            "a": AdapterReport(
+                Phase.LOADED,
+                id=short_id(identity_of(A)),
+                loaded=short_id(identity_of(A)),
+                revision="sha256:" + "d" * 64,
+            )
+        },
+    ),
+    "a-digest-is-not-reported-before-the-load": (
+        {"a": A},
+        {"a": AdapterState("a", Phase.LOADING, resolved="sha256:" + "d" * 64)},
+        {},
+        {"a": AdapterReport(Phase.LOADING, id=short_id(identity_of(A)))},
+    ),
     "hot-swap-keeps-the-old-identity-loaded": (
         {"a": A2},
         {"a": AdapterState("a", Phase.DOWNLOADING, loaded=identity_of(A))},

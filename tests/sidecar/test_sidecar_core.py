@@ -364,4 +364,5 @@ def test_status_document_shape() -> None:
         "loadedAt",
         "attempts",
         "nextRetryAt",
+        "resolvedRevision",
     }

@@ -29,7 +29,8 @@ class AdapterSpec(Wire):
     )
     source: Annotated[str, ADAPTER_SOURCE] = Field(
         max_length=1024,
-        description="PEFT adapter location: hf://org/repo, s3://bucket/prefix/, https://host/adapter.tar.gz, pvc://claim/path or file:///path.",
+        description="PEFT adapter location: hf://org/repo, s3://bucket/prefix/, https://host/adapter.tar.gz, pvc://claim/path, "
+        "file:///path or oci://registry/repository:tag (best pinned: ...@sha256:digest).",
     )
     revision: Annotated[str, REVISION] | None = Field(
         default=None, max_length=128, description="Revision (hf branch/tag/commit); a change hot-swaps the adapter."

@@ -15,7 +15,16 @@ from pydantic import ConfigDict, Field, ValidatorFunctionWrapHandler, field_vali
 from pydantic_core import InitErrorDetails
 
 from lorapool.api.adapter import AdapterSpec
-from lorapool.api.common import BASE_MODEL_SOURCE, DNS_SUBDOMAIN, HTTP_URL, REVISION, Dtype, dns_label
+from lorapool.api.common import (
+    BASE_MODEL_SOURCE,
+    DNS_SUBDOMAIN,
+    HTTP_URL,
+    REVISION,
+    Check,
+    Checked,
+    Dtype,
+    dns_label,
+)
 from lorapool.api.fields import API_VERSION, ObjectMeta, Spec, Wire, cel, custom_error, validate_reporting_all
 from lorapool.api.placement import PlacementSpec
 from lorapool.api.routing import RouterSpec
@@ -178,11 +187,41 @@ class S3Credentials(Wire):
     region: str | None = Field(default=None, description="S3 region.")
 
 
+REGISTRY_HOST = Checked(
+    (
+        Check(
+            r"^[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?(:[0-9]{1,5})?$",
+            "must be a registry as oci:// sources name it, host or host:port without a scheme, "
+            "e.g. registry.lorapool-system:5000",
+        ),
+    )
+)
+
+
+class OciCredentials(Wire):
+    """OCI registry access for oci:// adapter sources (docs/registry.md)."""
+
+    secret_name: Annotated[str, DNS_SUBDOMAIN] | None = Field(
+        default=None,
+        max_length=253,
+        description="A kubernetes.io/dockerconfigjson Secret (the imagePullSecrets kind): its .dockerconfigjson "
+        "logs the sidecar in to the registries it names.",
+    )
+    plain_http: list[Annotated[str, REGISTRY_HOST, Field(max_length=261)]] = Field(
+        default_factory=list,
+        max_length=32,
+        alias="plainHTTP",
+        description="Registries (host or host:port, as in the sources) reached over plain HTTP instead of "
+        "HTTPS, e.g. an in-cluster registry; every other registry is HTTPS only.",
+    )
+
+
 class Credentials(Wire):
     """Secrets used to read models and adapters; never logged nor copied into status."""
 
     hugging_face: SecretKeyRef | None = Field(default=None, description="Secret key holding HF_TOKEN.")
     s3: S3Credentials | None = None
+    oci: OciCredentials | None = None
 
 
 # spec.sidecar.keepUnloaded's defaults, also the sidecar's flags' (lorapool.sidecar.keep).

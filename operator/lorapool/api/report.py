@@ -42,7 +42,8 @@ SYNCED_CONDITION = "lorapool.io/adapters-synced"
 REPORT_VERSION = 1
 ID_CHARS = 16
 MESSAGE_CHARS = 300  # a failure's reason, cut: 1,000 adapters must fit the 256 KiB annotation budget
-MAX_DOCUMENT_BYTES = 192 * 1024  # beyond this, messages are dropped (phases and ids stay)
+REVISION_CHARS = 80  # a resolved revision: "sha256:" + 64 hex, or a 40-hex commit
+MAX_DOCUMENT_BYTES = 192 * 1024  # beyond this, messages and revisions are dropped (phases and ids stay)
 
 
 def adapter_identity(source: str, revision: str | None, sha256: str | None) -> str:
@@ -77,6 +78,9 @@ class AdapterReport:
     id: str | None = None  # the desired entry this phase is about (short identity)
     loaded: str | None = None  # what the engine holds now (short identity); None: nothing
     message: str | None = None  # why it failed, in the engine's or the source's words
+    # What the held copy's source resolved to when fetched: an oci:// tag's manifest digest, an hf://
+    # branch's commit (the adapter's content identity, shown in its status); None: nothing to resolve.
+    revision: str | None = None
 
 
 @dataclass(frozen=True)
@@ -192,6 +196,8 @@ def encode(report: ReplicaReport) -> str:
             entry["loaded"] = True if a.loaded == a.id else a.loaded  # true: the desired identity itself
         if a.message:
             entry["message"] = a.message[:MESSAGE_CHARS]
+        if a.revision:
+            entry["rev"] = a.revision[:REVISION_CHARS]
         adapters[name] = entry
     doc: dict[str, Any] = {"v": REPORT_VERSION, "engine": "Healthy" if report.engine_healthy else "Unhealthy"}
     doc["adapters"] = adapters
@@ -203,6 +209,7 @@ def encode(report: ReplicaReport) -> str:
     if len(text) > MAX_DOCUMENT_BYTES:
         for entry in adapters.values():
             entry.pop("message", None)
+            entry.pop("rev", None)
         text = json.dumps(doc, separators=(",", ":"), sort_keys=True)
     return text
 
@@ -221,6 +228,7 @@ def decode(text: str | None) -> ReplicaReport | None:
                 id=entry.get("id"),
                 loaded=entry.get("id") if entry.get("loaded") is True else entry.get("loaded"),
                 message=entry.get("message"),
+                revision=entry.get("rev") if isinstance(entry.get("rev"), str) else None,
             )
             for name, entry in (doc.get("adapters") or {}).items()
         }

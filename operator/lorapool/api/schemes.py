@@ -12,7 +12,7 @@ model. Every caller reads this table instead of spelling a scheme out itself:
 * ``lorapool.render.source_access``: the credentials env of the engine pod, a volume per mounted
   source, vLLM's model argument and load format.
 
-Adding a scheme (next: ``oci://``) is one entry here and its Source class in ``lorapool.sources``
+Adding a scheme (the last was ``oci://``) is one entry here and its Source class in ``lorapool.sources``
 (with its line in ``sources/registry.py``); ``tests/api/test_schemes.py`` fails until the
 validation, the registry and the renderer all know it.
 """
@@ -226,8 +226,36 @@ FILE = Scheme(
     delivery=Delivery.LOCAL,
     credentials=CredentialsFrom(CredentialsKind.NONE),
 )
+# A registry (host[:port]), a repository of lowercase components joined by one '.', '_', '-' or '/' (no
+# '..', so no path games on the registry's API), then a tag, a digest, or a tag with a digest (the digest
+# wins). Kept this short on purpose: the API server prices a CEL rule by its regex's length times the
+# source's maxLength, and a longer one (the distribution spec's exact grammar) exceeds the rule budget.
+_OCI_REFERENCE = r"oci://[-A-Za-z0-9.:]+/[a-z0-9]+([-._/][a-z0-9]+)*(:[-\w.]+|(:[-\w.]+)?@sha256:[a-f0-9]{64})"
+OCI = Scheme(
+    name="oci",
+    uri_schemes=("oci",),
+    scheme_regex="oci",
+    uri_pattern=r"oci://[^\s/]+/[^\s]+",
+    adapter=UriRule(
+        f"^{_OCI_REFERENCE}$",
+        "an oci:// source is oci://<registry>[:<port>]/<repository>:<tag> or @sha256:<64 hex digest>, the "
+        "repository lowercase, e.g. oci://registry.example.com/adapters/sql-coder:v1",
+        when="oci://",
+        example="oci://registry.example.com/adapters/sql-coder:v1",
+    ),
+    base_model=None,
+    delivery=Delivery.DOWNLOADED,  # the distribution API over aiohttp (the sidecar, lorapool.sources.oci)
+    # spec.credentials.oci: the .dockerconfigjson key of a kubernetes.io/dockerconfigjson Secret, and
+    # the registries reached over plain HTTP (a comma-separated list).
+    credentials=CredentialsFrom(
+        CredentialsKind.SECRET_KEY,
+        field="oci",
+        env=("LORAPOOL_OCI_AUTH",),
+        settings_env=("LORAPOOL_OCI_PLAIN_HTTP",),
+    ),
+)
 
-SCHEMES: tuple[Scheme, ...] = (HF, S3, HTTPS, PVC, FILE)
+SCHEMES: tuple[Scheme, ...] = (HF, S3, HTTPS, PVC, FILE, OCI)
 """Every scheme, in the order validation lists them (``must start with hf://, s3://, ...``)."""
 
 BASE_MODEL_SCHEMES: tuple[Scheme, ...] = tuple(s for s in SCHEMES if s.base_model is not None)

@@ -54,10 +54,28 @@ def _s3_env(creds: Credentials, use: CredentialsFrom) -> list[Obj]:
     return env
 
 
+# The key a kubernetes.io/dockerconfigjson Secret holds its document under (the imagePullSecrets kind).
+DOCKER_CONFIG_KEY = ".dockerconfigjson"
+
+
+def _oci_env(creds: Credentials, use: CredentialsFrom) -> list[Obj]:
+    """spec.credentials.oci: the Secret's .dockerconfigjson as LORAPOOL_OCI_AUTH (read by the sidecar's
+    oci:// source, never logged), then the plain-HTTP registries as one comma-separated value."""
+    oci = creds.oci
+    if not oci:
+        return []
+    env = [_secret_env(name, oci.secret_name, DOCKER_CONFIG_KEY) for name in use.env] if oci.secret_name else []
+    (plain_env,) = use.settings_env
+    if oci.plain_http:
+        env.append({"name": plain_env, "value": ",".join(oci.plain_http)})
+    return env
+
+
 # The env of every scheme whose credentials come from a Secret (CredentialsKind.SECRET_KEY, SECRET).
 CREDENTIALS_ENV: Mapping[Scheme, Callable[[Credentials, CredentialsFrom], list[Obj]]] = {
     schemes.HF: _hugging_face_env,
     schemes.S3: _s3_env,
+    schemes.OCI: _oci_env,
 }
 
 

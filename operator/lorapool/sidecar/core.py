@@ -58,6 +58,7 @@ class AdapterState:
     error: str | None = None
     rank: int | None = None
     loaded_at: float | None = None
+    resolved: str | None = None  # what the source resolved to when fetched: an oci:// tag's digest, an hf:// commit
 
 
 @dataclass(frozen=True)
@@ -230,6 +231,7 @@ def status_document(
                 "name": name,
                 "source": st.source,
                 "revision": st.revision,
+                "resolvedRevision": st.resolved,
                 "phase": str(st.phase),
                 "rank": st.rank,
                 "error": rejected.get(name) or st.error,  # a held adapter shows why its entry is refused

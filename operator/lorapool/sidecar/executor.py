@@ -129,6 +129,7 @@ class Executor:
             await self._engine_load(name, path, inplace=action.inplace)
             await asyncio.to_thread(self.store.point, name, fetched.origin)
             self._loaded(action, want, path, rank)
+            self._set(name, resolved=fetched.origin.resolved_revision)
         except asyncio.CancelledError:
             raise
         except (_Refused, AdapterError, SourceError, EngineError) as exc:
@@ -161,6 +162,7 @@ class Executor:
                         "bytes": fetched.bytes,
                         "seconds": round(fetched.seconds, 3),
                         "digest": fetched.origin.digest[:12],
+                        "resolved": fetched.origin.resolved_revision,
                     }
                 },
             )

@@ -42,6 +42,7 @@ def replica_report(
             id=short_id(identity_of(want)) if want is not None else None,
             loaded=short_id(st.loaded) if st.loaded else None,
             message=st.error if st.phase == Phase.FAILED else None,
+            revision=st.resolved if st.loaded else None,
         )
     for name, why in rejected.items():
         if name not in adapters:

@@ -45,6 +45,12 @@ def _open_hf(url: str, revision: str | None, options: SourceOptions) -> Source:
     return HfSource(url, revision)
 
 
+def _open_oci(url: str, revision: str | None, options: SourceOptions) -> Source:
+    from lorapool.sources.oci import OciSource
+
+    return OciSource.from_env(url, revision)
+
+
 # Every scheme's opener, in the order an unknown scheme's message lists them (local ones first).
 OPENERS: Mapping[Scheme, Opener] = {
     schemes.FILE: _open_local,
@@ -52,10 +58,11 @@ OPENERS: Mapping[Scheme, Opener] = {
     schemes.HTTPS: _open_http,
     schemes.S3: _open_s3,
     schemes.HF: _open_hf,
+    schemes.OCI: _open_oci,
 }
 
 SCHEMES = tuple(uri_scheme for scheme in OPENERS for uri_scheme in scheme.uri_schemes)
-"""Every URI scheme ``open_source`` opens: file, pvc, http, https, s3, hf."""
+"""Every URI scheme ``open_source`` opens: file, pvc, http, https, s3, hf, oci."""
 
 
 def open_source(url: str, *, revision: str | None = None, options: SourceOptions | None = None) -> Source:
