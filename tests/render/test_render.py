@@ -70,10 +70,10 @@ def test_engine_args_are_vllm_flags_from_the_plan(example_doc: dict[str, Any]) -
     assert pod["enableServiceLinks"] is False
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert terms[0]["matchExpressions"][0]["values"] == ["NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-80GB-PCIe"]
-    config_volume = next(v for v in pod["volumes"] if v["name"] == "adapters-config")
+    # The sidecar reads the adapter set through the API: no volume names it, so the set never rolls a pod.
+    assert not [v for v in pod["volumes"] if "configMap" in v]
     sidecar = pod["containers"][1]
-    mount = next(m for m in sidecar["volumeMounts"] if m["name"] == "adapters-config")
-    assert "subPath" not in mount and config_volume["configMap"]["name"] == "llama3-8b-adapters"
+    assert sidecar["args"][sidecar["args"].index("--adapters-configmap") + 1] == "$(POD_NAMESPACE)/llama3-8b-adapters"
 
 
 # The flags on vLLM's own parser, per supported release: tests/render/test_vllm_parser.py.

@@ -85,8 +85,12 @@ The operator's rules, exactly those of deploy/rbac.yaml (tests/delivery checks t
   verbs: [get, patch, update]
 # Children it renders, applied with server-side apply (patch; create for first apply).
 - apiGroups: [""]
-  resources: [configmaps, serviceaccounts]
+  resources: [serviceaccounts]
   verbs: [get, list, watch, create, patch]
+# ConfigMaps: also deleted when a shrunk adapter set no longer renders a shard, only the pool's own.
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get, list, watch, create, patch, delete]
 # Services and NetworkPolicies: also deleted when a pool changes its front door (docs/gateway.md),
 # only those the pool controls.
 - apiGroups: [""]

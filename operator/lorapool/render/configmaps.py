@@ -1,4 +1,5 @@
-"""The pool's ConfigMaps: ``<pool>-adapters`` (the adapter set the sidecars sync), ``<pool>-traffic``
+"""The pool's ConfigMaps: ``<pool>-adapters`` (the adapter set the sidecars sync, with its shards
+``<pool>-adapters-<i>`` when it is large), ``<pool>-traffic``
 (the priorities and limits the routers enforce) and ``<pool>-router-policy`` (the routers' policy
 document, from ``spec.router`` and the plan's slots). Pure.
 
@@ -12,7 +13,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from lorapool.api.adapterset import CONFIGMAP_KEY, AdapterSet, DesiredAdapter
+from lorapool.api.adapterset import (
+    CONFIGMAP_KEY,
+    INDEX_KEY,
+    MAX_SHARDS,
+    SHARD_BYTES,
+    AdapterSet,
+    AdapterSetIndex,
+    DesiredAdapter,
+    ShardRef,
+    content_hash,
+    shard_of,
+)
 from lorapool.api.models import DispatchSpec, LoRAPool
 from lorapool.api.routerpolicy import (
     ROUTER_POLICY_CONFIGMAP_KEY,
@@ -57,15 +69,80 @@ def adapter_set(
     )
 
 
+class AdapterSetTooLarge(ValueError):
+    """More adapters than MAX_SHARDS shards of the byte budget hold: the pool must be split."""
+
+
+def shard_count(whole: AdapterSet, shard_bytes: int = SHARD_BYTES) -> int:
+    """How many shards ``whole`` needs: 0 (inline) while its text fits ``shard_bytes``, else the
+    smallest power of two whose every shard fits. Powers of two keep ``shard_of`` stable: a growing
+    set moves half of the adapters once per doubling, and adding one adapter rewrites one shard."""
+    if len(whole.to_json().encode()) <= shard_bytes:
+        return 0
+    count = 2
+    while count <= MAX_SHARDS:
+        if all(len(part.to_json().encode()) <= shard_bytes for part in split(whole, count)):
+            return count
+        count *= 2
+    raise AdapterSetTooLarge(
+        f"pool {whole.pool}: {len(whole.adapters)} adapters do not fit {MAX_SHARDS} shards of "
+        f"{shard_bytes} bytes; split them across pools"
+    )
+
+
+def split(whole: AdapterSet, count: int) -> list[AdapterSet]:
+    """``whole`` cut into ``count`` sets by ``shard_of`` (each keeps the set's order); none for 0 (inline)."""
+    if count == 0:
+        return []
+    parts: list[list[DesiredAdapter]] = [[] for _ in range(count)]
+    for adapter in whole.adapters:
+        parts[shard_of(adapter.name, count)].append(adapter)
+    return [whole.model_copy(update={"adapters": tuple(part)}) for part in parts]
+
+
+def adapters_configmaps(
+    pool: LoRAPool,
+    plan: Plan,
+    adapters: Sequence[PoolAdapter],
+    holders: Holders | None = None,
+    shard_bytes: int = SHARD_BYTES,
+) -> list[Obj]:
+    """The set's ConfigMaps in apply order: the shards first, then the index ``<pool>-adapters`` that
+    names them by hash, so a reader following the index never finds a shard missing or stale."""
+    p = pool.metadata.name
+    whole = adapter_set(pool, plan, adapters, holders)
+    text = whole.to_json()
+    count = shard_count(whole, shard_bytes)
+    shards = [
+        (names.adapter_shard(p, i), part.to_json(), len(part.adapters)) for i, part in enumerate(split(whole, count))
+    ]
+    index = AdapterSetIndex(
+        pool=p,
+        generation=content_hash(text),
+        shards=tuple(ShardRef(name=name, sha256=content_hash(body), adapters=n) for name, body, n in shards),
+    )
+    data = {INDEX_KEY: index.to_json(), **({} if shards else {CONFIGMAP_KEY: text})}
+    return [
+        *(_configmap(pool, name, {CONFIGMAP_KEY: body}) for name, body, _ in shards),
+        _configmap(pool, names.adapters_configmap(p), data),
+    ]
+
+
 def adapters_configmap(
     pool: LoRAPool, plan: Plan, adapters: Sequence[PoolAdapter], holders: Holders | None = None
 ) -> Obj:
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": meta(pool, names.adapters_configmap(pool.metadata.name), "adapters"),
-        "data": {CONFIGMAP_KEY: adapter_set(pool, plan, adapters, holders).to_json()},
-    }
+    """The index ``<pool>-adapters`` alone (with the whole set inline when it is small)."""
+    return adapters_configmaps(pool, plan, adapters, holders)[-1]
+
+
+def shard_leftovers(pool: str, objects: Sequence[Obj]) -> list[str]:
+    """The shard slots ``objects`` do not render: after a set shrinks, the ConfigMaps to delete."""
+    rendered = {o["metadata"]["name"] for o in objects if o.get("kind") == "ConfigMap"}
+    return [name for name in names.adapter_shards(pool) if name not in rendered]
+
+
+def _configmap(pool: LoRAPool, name: str, data: dict[str, str]) -> Obj:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta(pool, name, "adapters"), "data": data}
 
 
 def traffic_policy(pool: LoRAPool, adapters: Sequence[PoolAdapter]) -> TrafficPolicy:

@@ -25,6 +25,7 @@ from lorapool.errors import PlanError
 from lorapool.plan.adapters import PoolAdapter
 from lorapool.plan.holders import Placement, decide_placement, observed_load, previous_k
 from lorapool.plan.planner import AdapterRank, Plan, plan_pool
+from lorapool.render.configmaps import AdapterSetTooLarge
 from lorapool.render.manifests import RenderOptions, render_pool
 
 Obj = dict[str, Any]
@@ -69,6 +70,9 @@ def desired_state(
         pool, names, plan.max_cpu_loras, previous_k(status), observed_load(pods, routers, now), now
     )
     served = [a for a, _ in adapters]
-    objects = render_pool(pool, plan, served, options, placement.holders)
+    try:
+        objects = render_pool(pool, plan, served, options, placement.holders)
+    except AdapterSetTooLarge as exc:  # beyond every shard: a spec the user must change, as a plan error
+        return Desired(None, (str(exc),))
     identities = {a.spec.name: adapter_identity(a.spec.source, a.spec.revision, a.spec.sha256) for a in served}
     return Desired(plan, (), placement, tuple(objects), identities)

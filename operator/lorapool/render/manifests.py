@@ -2,15 +2,16 @@
 
 ``render_pool`` is what `lorapool render` prints and what the operator server-side
 applies, object for object, so a GitOps review of the output is a review of the
-cluster. Adapters change only the ``<pool>-adapters`` ConfigMap (the sidecars hot-load
-them) and their priorities and limits only ``<pool>-traffic`` (the routers re-read it), as the
+cluster. Adapters change only the ``<pool>-adapters`` ConfigMap and its shards (the sidecars
+watch them through the API and hot-load the adapters) and their priorities and limits only ``<pool>-traffic`` (the routers re-read it), as the
 routers' policy changes only ``<pool>-router-policy``; the engine pod template changes, and pods
 roll, only when vLLM's flags do.
 
 Called by the operator (``lorapool.controller``), ``lorapool render`` and the tests. This module
 composes; each object kind is rendered in its own module, whose public names it re-exports:
 
-- ``configmaps``: ``<pool>-adapters``, ``<pool>-traffic`` and ``<pool>-router-policy``;
+- ``configmaps``: ``<pool>-adapters`` (and its shards ``<pool>-adapters-<i>``), ``<pool>-traffic``
+  and ``<pool>-router-policy``;
 - ``engine``: the engine Deployment, its pod template and vLLM container (``sidecar``: the
   adapter-sync container; ``source_access``: what the pod needs to reach its sources);
 - ``services``: the engine and router Services; ``policies``: the engines' PDB and NetworkPolicy;
@@ -31,8 +32,10 @@ from lorapool.render.common import RenderOptions as RenderOptions
 from lorapool.render.configmaps import Holders as Holders
 from lorapool.render.configmaps import adapter_set as adapter_set
 from lorapool.render.configmaps import adapters_configmap as adapters_configmap
+from lorapool.render.configmaps import adapters_configmaps as adapters_configmaps
 from lorapool.render.configmaps import router_policy as router_policy
 from lorapool.render.configmaps import router_policy_configmap as router_policy_configmap
+from lorapool.render.configmaps import shard_leftovers as shard_leftovers
 from lorapool.render.configmaps import traffic_configmap as traffic_configmap
 from lorapool.render.configmaps import traffic_policy as traffic_policy
 from lorapool.render.engine import config_hash as config_hash
@@ -58,14 +61,15 @@ def render_pool(
     options: RenderOptions | None = None,
     holders: Holders | None = None,
 ) -> list[Obj]:
-    """Every child object of ``pool``, in apply order.
+    """Every child object of ``pool``, in apply order (the adapter set's shards before its index, which
+    names them: a sidecar following the index never meets a shard not written yet).
 
     ``holders`` is the placement (``lorapool.plan.placement``) in replica slots; None while every
     replica holds every adapter (small pools, and offline renders without observed load).
     """
     opts = options or RenderOptions()
     objects = [
-        adapters_configmap(pool, plan, adapters, holders),
+        *adapters_configmaps(pool, plan, adapters, holders),
         traffic_configmap(pool, adapters),
         engine_service(pool),
         engine_serviceaccount(pool),

@@ -5,6 +5,7 @@ One module owns names so the renderer, the operator, the router and the tests ag
 
 from __future__ import annotations
 
+from lorapool.api.adapterset import MAX_SHARDS as MAX_ADAPTER_SHARDS
 from lorapool.api.pods import POD_DELETION_COST_ANNOTATION as POD_DELETION_COST_ANNOTATION
 from lorapool.api.pods import SLOT_ANNOTATION as SLOT_ANNOTATION
 
@@ -21,7 +22,6 @@ CONFIG_HASH_ANNOTATION = "lorapool.io/config-hash"
 POOL_LABEL = "lorapool.io/pool"
 FIELD_MANAGER = "lorapool-operator"
 ADAPTERS_MOUNT = "/adapters"
-ADAPTERS_CONFIG_MOUNT = "/etc/lorapool"
 MODELS_MOUNT = "/models"
 # Where the router reads ``<pool>-traffic`` (a directory mount, so ConfigMap updates reach it).
 TRAFFIC_MOUNT = "/etc/lorapool/traffic"
@@ -79,6 +79,16 @@ def router_network_policy(pool: str) -> str:
 
 def adapters_configmap(pool: str) -> str:
     return f"{pool}-adapters"
+
+
+def adapter_shard(pool: str, index: int) -> str:
+    """Shard ``index`` of a large adapter set (``lorapool.api.adapterset``), named by the index ConfigMap."""
+    return f"{pool}-adapters-{index}"
+
+
+def adapter_shards(pool: str) -> list[str]:
+    """Every shard slot a pool can use: a fixed list, so the sidecars' Role names them all once."""
+    return [adapter_shard(pool, i) for i in range(MAX_ADAPTER_SHARDS)]
 
 
 def traffic_configmap(pool: str) -> str:

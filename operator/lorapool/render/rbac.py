@@ -22,12 +22,29 @@ def engine_serviceaccount(pool: LoRAPool) -> Obj:
 
 
 def engine_role(pool: LoRAPool) -> Obj:
-    """The sidecars' only right: patch the status (report annotation and condition) of pods in the namespace."""
+    """The sidecars' rights: patch the status (report annotation and condition) of pods in the
+    namespace, and read and watch the pool's adapter set, its index and every shard slot by name
+    (a fixed list, so a change of the shard count never changes the Role). A watch is allowed by
+    ``resourceNames`` when it selects one name (``fieldSelector=metadata.name=...``), as the sidecar's does."""
+    p = pool.metadata.name
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
-        "metadata": meta(pool, names.engine_service_account(pool.metadata.name), "engine"),
-        "rules": [{"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]}],
+        "metadata": meta(pool, names.engine_service_account(p), "engine"),
+        "rules": [
+            {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
+            _adapter_set_rule(p),
+        ],
+    }
+
+
+def _adapter_set_rule(pool: str) -> Obj:
+    """Read and watch the pool's adapter set (its index and every shard slot) by name, nothing else."""
+    return {
+        "apiGroups": [""],
+        "resources": ["configmaps"],
+        "resourceNames": [names.adapters_configmap(pool), *names.adapter_shards(pool)],
+        "verbs": ["get", "list", "watch"],
     }
 
 
@@ -66,6 +83,8 @@ def router_role(pool: LoRAPool) -> Obj:
             {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
             # Its request counts per adapter on its own Pod (lorapool.io/requests, docs/placement.md).
             {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
+            # Which adapters the pool has (--adapters-configmap): one it names is held while it loads.
+            _adapter_set_rule(pool.metadata.name),
         ],
     }
 

@@ -8,19 +8,43 @@ holds on its own Pod, hence its token.
 
 from __future__ import annotations
 
-from lorapool.api.adapterset import CONFIGMAP_KEY
+from dataclasses import replace
+
 from lorapool.api.models import LoRAPool
+from lorapool.errors import PlanError
+from lorapool.plan.adapter_check import BaseShape
+from lorapool.plan.planner import resolve_dims
 from lorapool.render import names
 from lorapool.render.common import Obj, RenderOptions, api_key_env, own_pod_env, restricted
 from lorapool.render.source_access import credentials_env
+
+BASE_SHAPE_ENV = "LORAPOOL_BASE_SHAPE"  # read by lorapool.sidecar.cli
+
+
+def base_shape_env(pool: LoRAPool) -> list[Obj]:
+    """The base model's shape, which the sidecar verifies every download against (``sources.verify``).
+
+    From the dims the planner uses (``spec.baseModel.architecture`` or its table); it depends on the
+    base model only, so the pod template changes with the base, never with the adapters. None known:
+    no variable, and the sidecar checks config and weights only.
+    """
+    try:
+        dims = resolve_dims(pool.spec)
+    except PlanError:
+        return []
+    # The table's models are Llama-style; an architecture given in the spec says nothing of module names.
+    layout = pool.spec.base_model.architecture is None
+    shape = replace(BaseShape.from_dims(dims), name=pool.spec.base_model.name, llama_layout=layout)
+    return [{"name": BASE_SHAPE_ENV, "value": shape.to_json()}]
 
 
 def _sidecar_args(pool: LoRAPool) -> list[str]:
     keep = pool.spec.sidecar.keep_unloaded
     return [
         "sidecar",
-        "--config",
-        f"{names.ADAPTERS_CONFIG_MOUNT}/{CONFIGMAP_KEY}",
+        # Read and watched through the API (lorapool.sources.setwatch); the kubelet expands $(POD_NAMESPACE).
+        "--adapters-configmap",
+        f"$(POD_NAMESPACE)/{names.adapters_configmap(pool.metadata.name)}",
         "--engine",
         f"http://127.0.0.1:{names.ENGINE_PORT}",
         "--adapter-dir",
@@ -51,6 +75,7 @@ def sidecar_container(pool: LoRAPool, opts: RenderOptions, source_mounts: list[O
             *own_pod_env(),  # the Pod it reports on (lorapool.api.report)
             *api_key_env(pool),
             *credentials_env(pool),
+            *base_shape_env(pool),
         ],
         "ports": [{"name": "sidecar", "containerPort": names.SIDECAR_STATUS_PORT, "protocol": "TCP"}],
         "resources": spec.sidecar.resources
@@ -66,8 +91,6 @@ def sidecar_container(pool: LoRAPool, opts: RenderOptions, source_mounts: list[O
         },
         "volumeMounts": [
             {"name": "adapters", "mountPath": names.ADAPTERS_MOUNT},
-            # Mounted without subPath so ConfigMap updates reach the running sidecar.
-            {"name": "adapters-config", "mountPath": names.ADAPTERS_CONFIG_MOUNT, "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},
             {"name": "report-token", "mountPath": names.SERVICE_ACCOUNT_MOUNT, "readOnly": True},
             {"name": "podinfo", "mountPath": names.PODINFO_MOUNT, "readOnly": True},

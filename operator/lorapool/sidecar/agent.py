@@ -2,7 +2,8 @@
 ``core.diff`` decides, and serves /status, /healthz and /metrics (``http``).
 
 ``cli`` builds an ``Agent`` and runs it until SIGTERM. It does the I/O (calls the engine,
-reads the files, writes the Pod, sleeps) and carries out what the pure modules decide: ``core``
+reads the files or, in a pod, the adapter set through the API (``sources.setwatch``), writes the Pod,
+sleeps) and carries out what the pure modules decide: ``core``
 (actions, /status), ``config`` (what a re-read of the config applies or refuses), ``drain``
 (adapters placement moved away), ``health`` (engine health and restarts) and ``podreport`` (the
 report on the Pod and its readiness condition). Each load or unload runs in its own asyncio
@@ -60,6 +61,8 @@ from lorapool.sidecar.reporter import Observer, Reporter
 from lorapool.sidecar.retry import Backoff
 from lorapool.sources import AdapterStore, Downloader, Limits, SourceOptions, redact_url
 from lorapool.sources.layout import CONFIG_FILE
+from lorapool.sources.setwatch import SetRef, SetWatcher
+from lorapool.sources.verify import BaseShape
 
 log = logging.getLogger("lorapool.sidecar")
 
@@ -68,7 +71,7 @@ log = logging.getLogger("lorapool.sidecar")
 class Settings:
     """Sidecar settings; every duration in seconds."""
 
-    config_path: Path
+    config_path: Path | None  # a local adapters.json (dev, tests); None: read ``config_map`` through the API
     engine_url: str
     adapter_dir: Path
     host: str = "127.0.0.1"
@@ -96,6 +99,12 @@ class Settings:
     drain_s: float = 30.0
     # Unloaded adapters' files kept for a place-back without a download (spec.sidecar.keepUnloaded).
     keep: KeepBudget = field(default_factory=KeepBudget)
+    # The base model's shape every download is verified against (sources.verify); None: config and weights only.
+    base_shape: BaseShape | None = None
+    # The index ConfigMap of the pool's adapter set, read and watched through the API with the
+    # report's credentials (``sources.setwatch``); the watch's timeout re-reads it at least this often.
+    config_map: SetRef | None = None
+    config_resync_s: float = 30.0
 
 
 class Agent:
@@ -112,6 +121,7 @@ class Agent:
             limits=settings.limits,
             parallel=settings.parallel_downloads,
             options=SourceOptions(pvc_root=settings.pvc_root),
+            base_shape=settings.base_shape,
         )
         self.state: dict[str, AdapterState] = {}
         self.pool: AdapterSet | None = None
@@ -139,7 +149,9 @@ class Agent:
         self._heartbeat = time.monotonic()
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._kick = asyncio.Event()
-        self._reload_config = asyncio.Event()
+        self._config_wake = asyncio.Event()  # read the config now: SIGHUP, or the watch saw a new set
+        self._forget_config = False  # SIGHUP: re-apply even an unchanged set
+        self.set_watcher: SetWatcher | None = None
         self._engine: EngineClient | None = None
         self.readiness = Readiness()  # the latch: first sync since the engine (re)started is over
         self.reporter: Reporter | None = None
@@ -155,7 +167,8 @@ class Agent:
 
     def request_config_reload(self) -> None:
         """SIGHUP: re-read the config now."""
-        self._reload_config.set()
+        self._forget_config = True
+        self._config_wake.set()
 
     def kick(self) -> None:
         self._kick.set()
@@ -172,8 +185,10 @@ class Agent:
             )
             runner = await start_http(self, s.host, s.status_port)
             await asyncio.to_thread(self.store.reset_staging)
+            set_watcher = self._make_set_watcher()
             self.read_config()
             watchers = [
+                *([asyncio.create_task(set_watcher.run(stop))] if set_watcher is not None else []),
                 asyncio.create_task(self._watch_config(stop)),
                 asyncio.create_task(self._watch_health(stop)),
                 asyncio.create_task(self._relay_stop(stop)),
@@ -183,7 +198,13 @@ class Agent:
                 watchers.append(asyncio.create_task(self.observer.run(stop)))
             log.info(
                 "Started sidecar",
-                extra={"kv": {"engine": s.engine_url, "config": str(s.config_path), "adapterDir": str(s.adapter_dir)}},
+                extra={
+                    "kv": {
+                        "engine": s.engine_url,
+                        "config": str(s.config_map or s.config_path),
+                        "adapterDir": str(s.adapter_dir),
+                    }
+                },
             )
             try:
                 await self._reconcile_loop(stop)
@@ -193,6 +214,20 @@ class Agent:
                 await asyncio.gather(*watchers, *self._tasks.values(), return_exceptions=True)
                 await runner.cleanup()
                 log.info("Stopped sidecar")
+
+    def _make_set_watcher(self) -> SetWatcher | None:
+        """The API reader of ``--adapters-configmap``; None in file mode, or without credentials (then
+        the config is refused, saying why, and the sidecar serves nothing until it restarts with them)."""
+        s = self.settings
+        if s.config_map is None:
+            return None
+        try:
+            server = api_server(s.report_kubeconfig)
+        except (ValueError, OSError) as exc:
+            self._config_failed(None, f"adapter set {s.config_map}: no API credentials ({exc})")
+            return None
+        self.set_watcher = SetWatcher(server, s.config_map, self._config_wake.set, resync_s=s.config_resync_s)
+        return self.set_watcher
 
     def _make_reporter(self) -> Reporter | None:
         s = self.settings
@@ -237,7 +272,11 @@ class Agent:
     def status(self) -> dict[str, Any]:
         document = status_document(
             EngineView(self.settings.engine_url, self.engine_healthy, self.restarts),
-            ConfigView(str(self.settings.config_path), self.config_file.error, self.config_loaded_at),
+            ConfigView(
+                str(self.settings.config_map or self.settings.config_path),
+                self.config_file.error,
+                self.config_loaded_at,
+            ),
             self.pool,
             self.state,
             self.rejected,
@@ -267,25 +306,20 @@ class Agent:
     # ---- config ------------------------------------------------------------------------
 
     def read_config(self) -> None:
-        """Re-read the config file; apply it if it changed and parses, else keep the last good set."""
-        path = self.settings.config_path
+        """Re-read the config; apply it if it changed and parses, else keep the last good set."""
         slot = self._read_slot()
         if slot != self.slot:
             log.info("Placement slot changed", extra={"kv": {"from": self.slot, "to": slot}})
             self.slot = slot
             self.config_file = self.config_file.forget()  # the share depends on the slot: re-apply
-        try:
-            raw = path.read_bytes()
-        except OSError as exc:
-            self._config_failed(
-                None, f"config {path}: cannot read it ({exc.strerror or exc}); check the ConfigMap mount"
-            )
+        if (raw := self._read_raw()) is None:
             return
         self.config_file, new = self.config_file.read(raw)
         if not new:
             return
+        where = str(self.settings.config_map or self.settings.config_path)
         try:
-            parsed = parse_config(raw, path=str(path))
+            parsed = parse_config(raw, path=where)
         except ValueError as exc:
             self._config_failed(raw, str(exc))
             return
@@ -312,6 +346,25 @@ class Agent:
             log.warning("Rejected adapter", extra={"kv": {"adapter": name, "error": why}})
         self.kick()
 
+    def _read_raw(self) -> bytes | None:
+        """The set's text: the file's, or the API reader's last consistent one. None: nothing to apply
+        (a failure is recorded; the last good set keeps serving)."""
+        s = self.settings
+        if s.config_map is not None:
+            watcher = self.set_watcher
+            if watcher is not None and watcher.error is not None:
+                self._config_failed(None, watcher.error)
+                return None
+            return watcher.snapshot if watcher is not None else None
+        assert s.config_path is not None, "cli requires --config or --adapters-configmap"
+        try:
+            return s.config_path.read_bytes()
+        except OSError as exc:
+            self._config_failed(
+                None, f"config {s.config_path}: cannot read it ({exc.strerror or exc}); check the ConfigMap mount"
+            )
+            return None
+
     def _read_slot(self) -> int | None:
         """The slot in the downward-API file; None while it is absent or empty (not assigned yet)."""
         if self.settings.slot_path is None:
@@ -329,11 +382,14 @@ class Agent:
             self.metrics.config_errors.inc()
 
     async def _watch_config(self, stop: asyncio.Event) -> None:
+        """Read the config when woken (SIGHUP, a new set from the API) and every ``config_poll_s``
+        (the file's symlink swap, the slot file)."""
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._reload_config.wait(), self.settings.config_poll_s)
-            if self._reload_config.is_set():
-                self._reload_config.clear()
+                await asyncio.wait_for(self._config_wake.wait(), self.settings.config_poll_s)
+            self._config_wake.clear()
+            if self._forget_config:
+                self._forget_config = False
                 self.config_file = self.config_file.forget()  # SIGHUP forces a full re-apply
             self.read_config()
 
@@ -373,7 +429,14 @@ class Agent:
             with contextlib.suppress(OSError, ValueError, AdapterError):
                 rank = parse_adapter_config(json.loads((Path(root) / CONFIG_FILE).read_text())).rank
             self.state[name] = AdapterState(
-                name, Phase.LOADED, origin.source, origin.revision, loaded=origin.identity, loaded_path=root, rank=rank
+                name,
+                Phase.LOADED,
+                origin.source,
+                origin.revision,
+                loaded=origin.identity,
+                loaded_path=root,
+                rank=rank,
+                resolved=origin.resolved_revision,  # the digest it was fetched at survives the restart
             )
             log.info("Adopted adapter", extra={"kv": {"adapter": name, "path": root}})
 

@@ -1,12 +1,19 @@
 """``lorapool sidecar``: keep a vLLM engine's LoRA adapters in line with the pool's ConfigMap.
 
-    lorapool sidecar --config /etc/lorapool/adapters.json --engine http://127.0.0.1:8000 \\
+    lorapool sidecar (--adapters-configmap NAMESPACE/NAME | --config adapters.json) \\
+        --engine http://127.0.0.1:8000 \\
         --adapter-dir /adapters [--status-port 8081] [--host 127.0.0.1] [--resync-seconds 30] \\
         [--pod NAMESPACE/NAME] [--report-kubeconfig FILE] \\
         [--keep-unloaded-bytes 2147483648] [--keep-unloaded-max-age 3600]
 
-In a pod it reports what its engine holds on its own Pod (lorapool.api.report), with the
-ServiceAccount token projected into this container only.
+In a pod it reads and watches the pool's adapter set through the API (--adapters-configmap,
+lorapool.sources.setwatch) and reports what its engine holds on its own Pod (lorapool.api.report),
+with the ServiceAccount token projected into this container only. --config reads a local file
+instead (dev and tests).
+
+Every download is verified against the base model's shape (``lorapool.sources.verify``) from
+``--base-shape`` or ``$LORAPOOL_BASE_SHAPE`` (the operator renders the latter); without it, config
+and weights only.
 
 SIGHUP re-reads the config at once; SIGTERM/SIGINT stop cleanly.
 """
@@ -14,13 +21,44 @@ SIGHUP re-reads the config at once; SIGTERM/SIGINT stop cleanly.
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lorapool.api.pool import DEFAULT_KEEP_UNLOADED_BYTES, DEFAULT_KEEP_UNLOADED_MAX_AGE_S
+from lorapool.render.sidecar import BASE_SHAPE_ENV  # the variable the operator renders
+
+if TYPE_CHECKING:
+    from lorapool.sources.setwatch import SetRef
+    from lorapool.sources.verify import BaseShape
+
+
+def _config_flags(parser: argparse.ArgumentParser) -> None:
+    """Where the adapter set comes from: the API (in a pod) or a local file (dev, tests); exactly one."""
+    parser.add_argument("--config", type=Path, default=None, help="a local adapters.json (dev, tests)")
+    parser.add_argument(
+        "--adapters-configmap",
+        default=None,
+        help="NAMESPACE/NAME of the pool's adapter-set index ConfigMap, read and watched through the API "
+        "with the --report-kubeconfig credentials (in a pod: its ServiceAccount token)",
+    )
+    parser.add_argument(
+        "--config-resync-seconds", type=float, default=30.0, help="re-read --adapters-configmap at least this often"
+    )
+
+
+def _config_map(args: argparse.Namespace) -> SetRef | None:
+    """``--adapters-configmap`` parsed; ValueError unless exactly one source of the set is given."""
+    from lorapool.sources.setwatch import SetRef
+
+    config_map = SetRef.parse(args.adapters_configmap) if args.adapters_configmap else None
+    if (config_map is None) == (args.config is None):
+        raise ValueError("give exactly one of --adapters-configmap (in a pod) and --config (a local file)")
+    return config_map
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True, type=Path, help="adapters.json from the <pool>-adapters ConfigMap")
+    _config_flags(parser)
     parser.add_argument("--engine", required=True, help="vLLM base URL, e.g. http://127.0.0.1:8000")
     parser.add_argument("--adapter-dir", required=True, type=Path, help="volume shared with the engine")
     parser.add_argument("--status-port", type=int, default=8081, help="port of /status, /healthz, /metrics")
@@ -70,6 +108,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="keep an adapter placement moved to other replicas loaded this long before unloading it",
     )
     _keep_flags(parser)
+    parser.add_argument(
+        "--base-shape",
+        default=None,
+        help=f"the base model's shape as JSON, downloads are verified against it (default: ${BASE_SHAPE_ENV})",
+    )
     parser.add_argument("--seed", type=int, default=None, help="seed the backoff jitter (tests)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
@@ -104,8 +147,10 @@ def run(args: argparse.Namespace) -> int:
     logs.setup(args.log_level)
     try:
         pod = PodRef.parse(args.pod) if args.pod else PodRef.from_env()
+        config_map = _config_map(args)
     except ValueError as exc:
         raise SystemExit(f"lorapool sidecar: {exc}") from None
+    base_shape = _base_shape(args.base_shape or os.environ.get(BASE_SHAPE_ENV))
     settings = Settings(
         config_path=args.config,
         engine_url=args.engine,
@@ -129,6 +174,9 @@ def run(args: argparse.Namespace) -> int:
         slot_path=args.slot_file,
         drain_s=args.drain_seconds,
         keep=KeepBudget(max_bytes=args.keep_unloaded_bytes, max_age_s=args.keep_unloaded_max_age),
+        base_shape=base_shape,
+        config_map=config_map,
+        config_resync_s=args.config_resync_seconds,
     )
 
     async def main() -> None:
@@ -143,3 +191,16 @@ def run(args: argparse.Namespace) -> int:
     args.adapter_dir.mkdir(parents=True, exist_ok=True)
     asyncio.run(main())
     return 0
+
+
+def _base_shape(text: str | None) -> BaseShape | None:
+    """The base shape from the flag or env var; a bad one stops the sidecar (the operator rendered it)."""
+    from lorapool.errors import AdapterError
+    from lorapool.sources.verify import BaseShape
+
+    if not text:
+        return None
+    try:
+        return BaseShape.from_json(text)
+    except AdapterError as exc:
+        raise SystemExit(f"lorapool sidecar: --base-shape / ${BASE_SHAPE_ENV}: {exc}") from None

@@ -1,8 +1,8 @@
 """The sidecar's config: adapters.json parsed, the placement slot read, and what a re-read decides. Pure.
 
-The operator writes the pool's desired set into the ConfigMap ``P-adapters`` (mounted without
-subPath, so updates arrive by symlink swap) and the pod's slot into a downward-API file. The
-shell (``agent.py``) reads both files; ``parse_config`` and ``parse_slot`` read their text, and
+The operator writes the pool's desired set into the ConfigMap ``P-adapters`` (and its shards),
+which the shell reads through the API (``setwatch``, a pod) or from a file (dev, tests), and the
+pod's slot into a downward-API file. ``parse_config`` and ``parse_slot`` read their text, and
 ``ConfigFile`` remembers what was applied or refused, so an unchanged file is not parsed again
 and a bad one keeps the last good set with a message that says so.
 """

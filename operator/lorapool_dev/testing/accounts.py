@@ -84,6 +84,8 @@ def _rule_attributes(namespace: str, rules: Iterable[dict[str, Any]]) -> list[di
                     attributes = {"namespace": namespace, "group": group, "resource": name, "verb": verb}
                     if subresource:
                         attributes["subresource"] = subresource
+                    if rule.get("resourceNames"):  # a rule for named objects grants nothing unnamed
+                        attributes["name"] = rule["resourceNames"][0]
                     asked.append(attributes)
     return asked
 

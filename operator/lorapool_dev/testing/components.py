@@ -79,14 +79,15 @@ def sim_argv(
 def sidecar_argv(
     status_port: int,
     *,
-    config: str | PathLike[str],
+    config: str | PathLike[str] | None,
     engine_url: str,
     adapter_dir: str | PathLike[str],
     extra: Sequence[str] = (),
 ) -> list[str]:
-    """``lorapool sidecar`` reading ``config`` (adapters.json) and loading into ``engine_url``."""
+    """``lorapool sidecar`` reading ``config`` (adapters.json; None: ``extra`` names the ConfigMap to
+    read through the API, ``--adapters-configmap``) and loading into ``engine_url``."""
     return [
-        *LORAPOOL, "sidecar", "--config", str(config), "--engine", engine_url,
+        *LORAPOOL, "sidecar", *(["--config", str(config)] if config is not None else []), "--engine", engine_url,
         "--adapter-dir", str(adapter_dir), "--status-port", str(status_port), *extra,
     ]  # fmt: skip
 
@@ -124,7 +125,7 @@ def start_sim(
 
 def start_sidecar(
     *,
-    config: str | PathLike[str],
+    config: str | PathLike[str] | None,
     engine_url: str,
     adapter_dir: str | PathLike[str],
     extra: Sequence[str] = (),

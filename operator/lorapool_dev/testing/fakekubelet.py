@@ -2,9 +2,8 @@
 
 KWOK's nodes run no containers, but the engine pods are real API objects. For each engine pod
 of the pool (not terminating) this starts a `lorapool sim` with the pool's flags and an
-adapter-sync sidecar that reads the pool's ConfigMap projected as the kubelet would
-(``projection.ConfigMapVolume``) and reports on that very Pod with the engine ServiceAccount's
-token, as in a cluster; a pod that goes away takes its processes with it. Used by
+adapter-sync sidecar that reads and watches the pool's adapter set through the API, and reports
+on that very Pod, with the engine ServiceAccount's token, as in a cluster; a pod that goes away takes its processes with it. Used by
 ``lorapool dev`` and by the operator tests that need sidecars reporting.
 
     with LocalEngines(api, ns, "llama3-8b", state, sim_flags={...}, report_kubeconfig=sa).start() as engines:
@@ -23,7 +22,6 @@ from typing import Any, Self
 from lorapool.render.names import SLOT_ANNOTATION, SLOT_FILE
 from lorapool_dev.testing.components import Component, start_sidecar, start_sim
 from lorapool_dev.testing.follow import Follower
-from lorapool_dev.testing.projection import ConfigMapVolume
 
 log = logging.getLogger("lorapool_dev.testing")
 
@@ -78,9 +76,7 @@ class LocalEngines(Follower):
         self.report_kubeconfig = report_kubeconfig
         self.sidecar_extra = tuple(sidecar_extra)
         self.selector = names.selector_string(pool, "engine")
-        self.volume = ConfigMapVolume(
-            api_client, namespace, names.adapters_configmap(pool), state_dir / "configmap", period_s=min(period_s, 1.0)
-        )
+        self.adapter_set = names.adapters_configmap(pool)
         self.replicas: dict[str, Replica] = {}
         self._lock = threading.Lock()
 
@@ -136,11 +132,14 @@ class LocalEngines(Follower):
         flags = self.sim_flags() if callable(self.sim_flags) else self.sim_flags
         sim = self.start_engine(**flags, timeout_s=60)
         try:
+            # As in a real pod: the adapter set read and watched through the API (index and shards),
+            # with the engine ServiceAccount's Role, which names those ConfigMaps and nothing else.
             sidecar = start_sidecar(
-                config=self.volume.path("adapters.json"),
+                config=None,
                 engine_url=sim.url,
                 adapter_dir=self.state_dir / "adapters" / pod,
                 extra=[
+                    "--adapters-configmap", f"{self.namespace}/{self.adapter_set}",
                     "--pod", f"{self.namespace}/{pod}", "--report-kubeconfig", str(self.report_kubeconfig),
                     "--slot-file", str(self.slot_file(pod)), *self.sidecar_extra,
                 ],
@@ -154,8 +153,7 @@ class LocalEngines(Follower):
     join_timeout_s = 60.0  # a replica starting when stop comes: its sim and sidecar must come up first
 
     def start(self) -> Self:
-        """Project the ConfigMap, start a replica per engine pod now, then follow the pods."""
-        self.volume.start()
+        """Start a replica per engine pod now, then follow the pods."""
         try:
             return super().start()
         except BaseException:
@@ -164,7 +162,6 @@ class LocalEngines(Follower):
 
     def stop(self) -> None:
         super().stop()
-        self.volume.stop()
         with self._lock:
             replicas, self.replicas = list(self.replicas.values()), {}
         for replica in replicas:
