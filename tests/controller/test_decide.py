@@ -268,3 +268,23 @@ ADAPTER_EVENTS = {
 @pytest.mark.parametrize(("old", "new", "expected"), list(ADAPTER_EVENTS.values()), ids=list(ADAPTER_EVENTS))
 def test_adapter_events(old: dict[str, Any], new: LoRAAdapterStatus, expected: list[Event]) -> None:
     assert decide.adapter_events(old, new) == expected
+
+
+def test_presence_collects_the_digests_serving_replicas_hold() -> None:
+    """What the loaded copies resolved to, from serving pods only: a pod that is not Ready yet, or
+    is going, does not speak for what clients get."""
+    from lorapool.api.pods import EnginePod
+    from lorapool.api.report import AdapterReport, ReplicaPhase, ReplicaReport, short_id
+    from lorapool.controller.decide import presence
+
+    identity = "i" * 64
+
+    def pod(name: str, rev: str, **facts: bool) -> EnginePod:
+        entry = AdapterReport(ReplicaPhase.LOADED, id=short_id(identity), loaded=short_id(identity), revision=rev)
+        return EnginePod(name, ready=facts.get("ready", True), terminating=facts.get("terminating", False),
+                         report=ReplicaReport(True, {"a": entry}))  # fmt: skip
+
+    pods = [pod("p0", "sha256:new"), pod("p1", "sha256:old"), pod("p2", "sha256:x", ready=False),
+            pod("p3", "sha256:y", terminating=True)]  # fmt: skip
+    got = presence({"a": identity}, pods)["a"]
+    assert (got.loaded, got.revisions) == (2, ("sha256:new", "sha256:old"))

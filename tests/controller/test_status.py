@@ -11,10 +11,12 @@ from lorapool.api.load import parse_object
 from lorapool.api.models import LoRAPool
 from lorapool.api.routerpolicy import PolicyState
 from lorapool.api.status import AdapterPhase, ConditionType, LoRAAdapterStatus, LoRAPoolStatus
+from lorapool.controller import replan
 from lorapool.controller.gateway import GatewayObserved
 from lorapool.controller.status import (
     AdapterResult,
     Observed,
+    Presence,
     RouterPolicyObserved,
     adapter_object_status,
     invalid_spec_status,
@@ -22,6 +24,7 @@ from lorapool.controller.status import (
     pool_status,
     status_changed,
 )
+from lorapool.controller.writes import WriteFailure, write_failed_condition
 from lorapool.plan.planner import AdapterRank, plan_pool
 
 
@@ -103,6 +106,36 @@ def test_pool_conditions(observed: Observed, ready: str, reason: str, degraded: 
     assert got["Reconciling"][0] == got["Progressing"][0]
 
 
+AVAILABLE = {
+    "converged": (BASE, ("True", "MinimumReplicasAvailable")),
+    # Not Ready, still serving: a roll, a lost replica, an invalid new spec over running pods.
+    "rolling": (
+        replace(BASE, engine={"replicas": 2, "readyReplicas": 1, "updatedReplicas": 1}),
+        ("True", "MinimumReplicasAvailable"),
+    ),
+    "one-replica-down": (
+        replace(BASE, engine={"replicas": 2, "readyReplicas": 1, "updatedReplicas": 2}),
+        ("True", "MinimumReplicasAvailable"),
+    ),
+    "invalid-plan-over-running-pods": (
+        replace(BASE, plan=None, plan_errors=("too big",)),
+        ("True", "MinimumReplicasAvailable"),
+    ),
+    "no-replica-ready": (
+        replace(BASE, engine={"replicas": 2, "readyReplicas": 0, "updatedReplicas": 2}),
+        ("False", "NoReadyReplicas"),
+    ),
+    "no-router": (replace(BASE, router_ready=False), ("False", "WaitingForRouter")),
+    "scaled-to-zero": (replace(BASE, desired_replicas=0, engine={"replicas": 0}), ("False", "ScaledToZero")),
+}
+
+
+@pytest.mark.parametrize(("observed", "available"), list(AVAILABLE.values()), ids=list(AVAILABLE))
+def test_available_says_whether_requests_are_served_now(observed: Observed, available: tuple[str, str]) -> None:
+    """Ready waits for convergence; Available (as a Deployment's) is what a pipeline sending traffic waits on."""
+    assert conditions(pool_status(observed))["Available"] == available
+
+
 @pytest.mark.parametrize("observed", list(CASES.values()), ids=list(CASES))
 def test_every_condition_type_written_is_documented(observed: tuple[Observed, str, str, str]) -> None:
     """The CRD's Condition.type description is generated from ConditionType: it must list what is written."""
@@ -118,6 +151,12 @@ def test_every_condition_type_written_is_documented(observed: tuple[Observed, st
         written |= {
             c.type for c in adapter_object_status("p", 1, AdapterResult("a", "LoRAAdapter", 8, phase)).conditions
         }
+    refused = write_failed_condition([WriteFailure("apply", "ConfigMap", "p-adapters", 413, "too large")], 1)
+    assert refused is not None
+    written.add(refused.type)
+    flags = replan.Flags(8, 16, 16)
+    held = replan.Replan(replan.Action.SETTLE, flags, replace(flags, max_loras=32), "0" * 12, after_s=5.0)
+    written.add(replan.condition(held, "p", 10, 1).type)
     assert written <= set(ConditionType)
     assert written == set(ConditionType)
 
@@ -161,6 +200,17 @@ def test_adapter_object_status() -> None:
         ("Ready", "False", "Loading"),
         ("Degraded", "False", "Healthy"),
     ]
+
+
+def test_an_adapters_status_names_the_digest_its_loaded_copies_resolved_to() -> None:
+    """An oci:// tag's digest (an hf:// branch's commit) is the adapter's identity: its status says it,
+    and says both while replicas hold different ones (a tag that moved between their fetches)."""
+    ready = AdapterResult("a", "LoRAAdapter", 8, AdapterPhase.LOADING)
+    one = adapter_object_status("p", 1, ready, Presence(loaded=2, revisions=("sha256:" + "a" * 64,)), routable=True)
+    assert one.resolved_revision == "sha256:" + "a" * 64
+    two = adapter_object_status("p", 1, ready, Presence(loaded=2, revisions=("sha256:1", "sha256:2")), routable=True)
+    assert two.resolved_revision == "sha256:1, sha256:2"
+    assert adapter_object_status("p", 1, ready, Presence(loaded=1), routable=True).resolved_revision is None
 
 
 def test_merge_conditions_keeps_the_transition_time_while_status_holds() -> None:

@@ -7,6 +7,7 @@ runs to apply status.recommendation. Used by ``api.pool``; ``api.models`` re-exp
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any
 
 from pydantic import ConfigDict, Field, ValidatorFunctionWrapHandler, field_validator, model_validator
@@ -70,6 +71,35 @@ class SizingTuning(Wire):
     )
 
 
+class ReplanPolicy(StrEnum):
+    """Who lets a plan change restart the engines: the operator, or a person (or GitOps) approving it."""
+
+    AUTOMATIC = "Automatic"
+    APPROVAL = "Approval"
+
+
+class Replan(Wire):
+    """When a changed plan (vLLM's LoRA flags are fixed at start) may restart the engine pods.
+
+    A bulk apply changes the catalogue many times in seconds; each plan of a catalogue still arriving
+    would be one more roll of every GPU pod, so the derivation waits for it to settle first."""
+
+    settle_seconds: int = Field(
+        default=10,
+        ge=0,
+        le=3600,
+        description="A plan change that restarts the engines waits until the adapters (LoRAAdapters and inline) "
+        "have not changed for this many seconds, keeping the running flags meanwhile; a new pool's first engine "
+        "template waits the same while its adapters arrive. 0 = no wait.",
+    )
+    policy: ReplanPolicy = Field(
+        default=ReplanPolicy.AUTOMATIC,
+        description="Automatic: a plan change that restarts the engines is announced (condition "
+        "EngineRestartPending, Event) and then applied. Approval: it is announced and held until the pool "
+        "carries the annotation lorapool.io/approve-plan=<the hash the condition names>.",
+    )
+
+
 class LoraSpec(Wire):
     """vLLM LoRA sizing. 'auto' derives each value from the adapters' real ranks and the GPU."""
 
@@ -122,6 +152,11 @@ class LoraSpec(Wire):
     tuning: SizingTuning | None = Field(
         default=None,
         description="The sizing loop: status.recommendation is always written; tuning.apply applies it.",
+    )
+    replan: Replan = Field(
+        default_factory=Replan,
+        description="When a plan change that restarts the engine pods happens: after the catalogue settles, "
+        "announced first, optionally held for approval (docs/sizing.md).",
     )
 
     @field_validator("max_loras", "max_cpu_loras", mode="before")

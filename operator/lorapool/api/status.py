@@ -48,6 +48,9 @@ class ConditionType(StrEnum):
     """Every condition type the operator writes."""
 
     READY = "Ready"
+    # LoRAPool: requests are served now (an engine replica and a router ready), converged or not: what
+    # a pipeline waits on to send traffic during a roll or with a replica down; Ready means converged.
+    AVAILABLE = "Available"
     ACCEPTED = "Accepted"  # LoRAAdapter only: source read, rank, base model and format valid
     PROGRESSING = "Progressing"
     DEGRADED = "Degraded"
@@ -55,6 +58,10 @@ class ConditionType(StrEnum):
     STALLED = "Stalled"  # kstatus: abnormal-true, the spec cannot be served until it changes
     INFERENCE_POOL_READY = "InferencePoolReady"  # LoRAPool with the gateway door: a gateway routes to it
     ROUTER_POLICY_ACCEPTED = "RouterPolicyAccepted"  # LoRAPool: no router refused its policy document
+    # LoRAPool, abnormal-true while a plan change that restarts the engines waits (settling, approval,
+    # announced): the old and new flags, why, and how to approve (controller.replan)
+    ENGINE_RESTART_PENDING = "EngineRestartPending"
+    WRITE_FAILED = "WriteFailed"  # LoRAPool, abnormal-true, only while a write failed: what, why, what to do
 
 
 class ConditionStatus(StrEnum):
@@ -170,6 +177,15 @@ class AdapterStatus(Status):
     )
 
 
+class AdapterProblem(Status):
+    """One of a pool's worst adapters: what is wrong with it, so a truncated list still names it."""
+
+    name: str
+    source_kind: str = Field(default="Inline", description="Inline (spec.adapters) or LoRAAdapter.")
+    phase: AdapterPhase = Field(description=f"{_listed(AdapterPhase)}.")
+    message: str = Field(default="", description="Why, and how to fix it.")
+
+
 class PlacementMode(StrEnum):
     ALL_REPLICAS = "AllReplicas"  # every replica holds every adapter (small pools, as before placement)
     K_OF_N = "KOfN"  # each adapter on its k replicas (rendezvous hashing over replica slots)
@@ -235,6 +251,20 @@ class LoRAPoolStatus(Status):
     placement: PlacementStatus | None = None
     adapters: list[AdapterStatus] = Field(default_factory=list)
     adapter_count: int = Field(default=0, description="Adapters served (inline + LoRAAdapter).")
+    adapters_truncated: bool | None = Field(
+        default=None,
+        description="True when status.adapters lists only some LoRAAdapter objects (every inline adapter is "
+        "listed; objects past the bound are left out, the worst kept): each LoRAAdapter's own status is complete.",
+    )
+    adapter_phases: dict[str, int] | None = Field(
+        default=None, description="How many adapters (inline + LoRAAdapter, all of them) are in each phase."
+    )
+    worst_adapters: list[AdapterProblem] | None = Field(
+        default=None,
+        max_length=20,
+        description="The adapters most in need of a human (Failed and Conflict first), with their reasons; "
+        "named even when status.adapters is truncated.",
+    )
     replicas: int = Field(default=0, description="Engine pods that exist.")
     ready_replicas: int = Field(default=0, description="Engine pods that are Ready.")
     endpoint: str | None = Field(
@@ -275,5 +305,10 @@ class LoRAAdapterStatus(Status):
     )
     placed_replicas: int | None = Field(
         default=None, description="Replicas it is placed on (told to load it); see the pool's status.placement."
+    )
+    resolved_revision: str | None = Field(
+        default=None,
+        description="What the loaded copies' source resolved to when fetched: the manifest digest of an oci:// "
+        "tag (sha256:...), the commit of an hf:// branch; several, comma-separated, while replicas differ.",
     )
     message: str = Field(default="", description="What is wrong and how to fix it, or why it is not loaded yet.")

@@ -22,6 +22,7 @@ from prometheus_client import start_http_server
 
 from lorapool.api.models import GROUP, VERSION
 from lorapool.api.pods import engine_pod
+from lorapool.controller.index import AdapterIndex
 from lorapool.controller.kube import Kube
 from lorapool.controller.leader import LeaseElector
 from lorapool.controller.reconcile import PoolReconciler, Settings
@@ -76,13 +77,14 @@ def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.scanning.disabled = True  # resources are known; no need to list CRDs (least privilege)
 
 
-def build_registry(queue: WorkQueue) -> kopf.OperatorRegistry:
-    """kopf handlers: login and settings, then watches that only queue the affected pool."""
+def build_registry(queue: WorkQueue, index: AdapterIndex | None = None) -> kopf.OperatorRegistry:
+    """kopf handlers: login and settings, then watches that only queue the affected pool (and feed
+    ``index``, the LoRAAdapters by pool that the reconcile reads instead of listing)."""
     registry = kopf.OperatorRegistry()
     kopf.on.login(registry=registry)(_login)
     kopf.on.startup(registry=registry)(_configure)
     _watch_pools(registry, queue)
-    _watch_adapters(registry, queue)
+    _watch_adapters(registry, queue, index)
     _watch_children(registry, queue)
     return registry
 
@@ -115,16 +117,25 @@ def _watch_pools(registry: kopf.OperatorRegistry, queue: WorkQueue) -> None:
         queue.add(*key)
 
 
-def _watch_adapters(registry: kopf.OperatorRegistry, queue: WorkQueue) -> None:
-    """A LoRAAdapter's change reconciles the pool it points at, and the pool it left."""
+def _watch_adapters(registry: kopf.OperatorRegistry, queue: WorkQueue, index: AdapterIndex | None) -> None:
+    """A LoRAAdapter's change reconciles the pool it points at, and the pool it left; every event,
+    status-only ones too, updates ``index`` (what the operator's next status write compares with)."""
     adapter_pools: dict[tuple[str, str], str] = {}  # LoRAAdapter -> the pool it last pointed at
     seen_adapters: dict[tuple[str, str], Mark] = {}  # LoRAAdapter -> what of it last triggered a reconcile
 
     @kopf.on.event(GROUP, VERSION, "loraadapters", registry=registry)
     async def adapter_event(
-        type: str | None, namespace: str | None, name: str, spec: kopf.Spec, meta: kopf.Meta, **_: Any
+        type: str | None,
+        namespace: str | None,
+        name: str,
+        spec: kopf.Spec,
+        meta: kopf.Meta,
+        event: kopf.RawEvent,
+        **_: Any,
     ) -> None:
         ns = _namespace(namespace)
+        if index is not None:
+            index.observe(type, event["object"])
         adapter: Mapping[str, Any] = spec or {}
         pool = adapter.get("poolRef", {}).get("name")
         if type != "DELETED":  # a status-only change is the echo of our own write (see pool_event)
@@ -220,14 +231,15 @@ async def run_operator(cfg: OperatorConfig) -> int:
         elector = LeaseElector(api, cfg.lease_namespace, cfg.lease_name, cfg.identity)
         await elector.acquire()
     leading.set()
-    cache = ConfigCache(ttl_s=300)
+    cache = ConfigCache(ttl_s=300)  # sized by the catalogue as pools reconcile (PoolReconciler)
+    index = AdapterIndex()
 
     async def fetch(source: str, revision: str | None) -> dict[str, Any]:
         return await fetch_adapter_config(
             source, revision=revision, timeout_s=cfg.settings.metadata_timeout_s, cache=cache
         )
 
-    reconciler = PoolReconciler(Kube(api, cfg.identity), fetch, cfg.settings)
+    reconciler = PoolReconciler(Kube(api, cfg.identity), fetch, cfg.settings, index=index, cache=cache)
     queue = WorkQueue(reconciler.reconcile, QueueSettings(resync_s=cfg.resync_s))
     stop = asyncio.Event()
     tasks = [asyncio.create_task(queue.run(), name="queue")]
@@ -236,7 +248,7 @@ async def run_operator(cfg: OperatorConfig) -> int:
         tasks.append(asyncio.create_task(elector.keep(stop), name="lease"))
     try:
         await kopf.operator(
-            registry=build_registry(queue),
+            registry=build_registry(queue, index),
             standalone=True,  # no kopf peering: the Lease above decides who runs
             clusterwide=not cfg.namespaces,
             namespaces=list(cfg.namespaces),

@@ -11,16 +11,19 @@ it is tested with tables and no control plane. The steps, in reconcile order:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import ValidationError
 
+from lorapool.api.fields import AUTO
 from lorapool.api.load import describe
 from lorapool.api.models import LoRAAdapter, LoRAPool
 from lorapool.api.peft import parse_adapter_config, same_base_model
 from lorapool.api.pods import EnginePod, RouterPod
-from lorapool.api.status import AdapterPhase, ConditionType, LoRAAdapterStatus
+from lorapool.api.sizing import ReplanPolicy
+from lorapool.api.status import AdapterPhase, Condition, ConditionType, LoRAAdapterStatus
+from lorapool.controller import replan
 from lorapool.controller.gateway import GatewayObserved
 from lorapool.controller.status import (
     CONVERGING_REASONS,
@@ -30,13 +33,13 @@ from lorapool.controller.status import (
     Presence,
     RouterPolicyObserved,
 )
-from lorapool.errors import LoRAPoolError
+from lorapool.errors import LoRAPoolError, PlanError
 from lorapool.plan.adapters import Merged, PoolAdapter
 from lorapool.plan.gpus import GPUS
 from lorapool.plan.holders import Placement
-from lorapool.plan.planner import Plan
+from lorapool.plan.planner import AdapterRank, Plan, plan_pool
 from lorapool.render import names
-from lorapool.render.desired import desired_state
+from lorapool.render.desired import Desired, desired_state
 from lorapool.render.manifests import RenderOptions, router_policy
 
 Obj = dict[str, Any]
@@ -170,6 +173,11 @@ class Decision:
     identities: Mapping[str, str] = field(default_factory=dict)  # rendered adapter -> identity the sidecars load
     placement: Placement | None = None  # where each adapter lives; None while the plan is invalid
     routers: tuple[RouterPod, ...] = ()  # the router pods as read before the apply (their policy state)
+    # EngineRestartPending (controller.replan), the Event announcing a newly pending restart, and when to
+    # run again (a settle window's end); None without a plan
+    restart: Condition | None = None
+    restart_event: Event | None = None
+    after_s: float | None = None
 
 
 def decide(
@@ -184,6 +192,8 @@ def decide(
     status: Mapping[str, Any] | None = None,
     now: float = 0.0,
     tuned: int | None = None,
+    engine: Mapping[str, Any] | None = None,
+    changed_at: float | None = None,
 ) -> Decision:
     """Plan over the adapters not refused, place them, render the children (``render.desired``).
 
@@ -193,13 +203,164 @@ def decide(
     sidecars' reports: ``lorapool.api.pods.engine_pods``), ``routers`` (the router pods, with their request counts: ``router_pods``), the pool's last
     ``status`` and ``now`` (Unix seconds) feed placement.
     ``tuned``: the --max-loras the sizing loop applies (``controller.tuning.tuned_max_loras``).
+    ``engine`` (as read before the apply) and ``changed_at`` (``replan.catalogue_seen``): may a plan change
+    restart the engines now (``controller.replan``); held, the template keeps the running flags.
     """
-    servable = [(a, v.rank) for a, v in zip(merged.adapters, verdicts, strict=True) if v.phase != AdapterPhase.FAILED]
-    want = desired_state(pool, servable, options, pods=pods, routers=routers, status=status, now=now, tuned=tuned)
-    adapters = (*verdicts, *unmerged(merged, invalid))
+    results = list(verdicts)
+    servable = [(a, v.rank) for a, v in zip(merged.adapters, results, strict=True) if v.phase != AdapterPhase.FAILED]
+    r, fresh = _replan(pool, servable, status, engine, changed_at, now, tuned)
+
+    def render(p: LoRAPool, adapters: Sequence[tuple[PoolAdapter, int | None]], t: int | None) -> Desired:
+        return desired_state(p, adapters, options, pods=pods, routers=routers, status=status, now=now, tuned=t)
+
+    running = r.running if r is not None and r.held else None
+    if r is None or fresh is None or running is None:
+        want = render(pool, servable, tuned)
+    else:  # held: the running flags, and the adapters they can load
+        want = _kept(
+            render(_pinned(pool, running), _fits_rank(merged.adapters, results, running.max_lora_rank), None), fresh, r
+        )
+        if want.plan is None:  # the running flags no longer plan (the spec changed under them): apply
+            r, want = replace(r, action=replan.Action.APPLY), render(pool, servable, tuned)
+        else:
+            results = _waiting_for_rank(results, running.max_lora_rank, r.wanted.max_lora_rank)
+    first = r is not None and r.action == replan.Action.FIRST  # no engine template until the catalogue settles
+    objects = tuple(o for o in want.objects if not (first and _is_engine(o, pool)))
+    adapters = (*results, *unmerged(merged, invalid))
+    restart, event = _restart_report(pool, r, fresh, status)
     return Decision(
-        want.plan, want.plan_errors, adapters, want.objects, want.identities, want.placement, tuple(routers)
+        want.plan,
+        want.plan_errors,
+        adapters,
+        objects,
+        want.identities,
+        want.placement,
+        tuple(routers),
+        restart,
+        event,
+        r.after_s if r is not None else None,
     )
+
+
+# --- 3b. replan: may a plan change restart the engines now (controller.replan) ------------------
+
+
+def _replan(
+    pool: LoRAPool,
+    servable: Sequence[tuple[PoolAdapter, int | None]],
+    status: Mapping[str, Any] | None,
+    engine: Mapping[str, Any] | None,
+    changed_at: float | None,
+    now: float,
+    tuned: int | None,
+) -> tuple[replan.Replan | None, Plan | None]:
+    """The replan verdict and the plan the catalogue asks for; (None, None) while it does not plan
+    (``desired_state`` reports the PlanError as today)."""
+    try:
+        fresh = plan_pool(pool.spec, [AdapterRank(a.spec.name, a.field, rank) for a, rank in servable], tuned=tuned)
+    except PlanError:
+        return None, None
+    lora = pool.spec.lora
+    tuning_applies = tuned is not None and lora.tuning is not None and lora.tuning.apply
+    inputs = replan.Inputs(
+        running=replan.engine_flags(engine),
+        wanted=replan.Flags(fresh.max_loras, fresh.max_lora_rank, fresh.max_cpu_loras),
+        auto=lora.max_loras == AUTO and lora.max_cpu_loras == AUTO and not tuning_applies,
+        changed_at=changed_at,
+        now=now,
+        settle_s=float(lora.replan.settle_seconds),
+        approval=lora.replan.policy == ReplanPolicy.APPROVAL,
+        approved=((pool.metadata.annotations or {}).get(replan.APPROVE_ANNOTATION) or "").strip() or None,
+        announced=replan.announced_hash(status),
+    )
+    return replan.decide_replan(inputs), fresh
+
+
+def _pinned(pool: LoRAPool, flags: replan.Flags) -> LoRAPool:
+    """The pool with the running engines' flags written in as explicit values (no sizing loop), so the
+    one render path (``render.desired``) renders the template they run: an unchanged config hash."""
+    lora = pool.spec.lora.model_copy(
+        update={
+            "max_loras": flags.max_loras,
+            "max_lora_rank": flags.max_lora_rank,
+            "max_cpu_loras": flags.max_cpu_loras,
+            "tuning": None,
+        }
+    )
+    return pool.model_copy(update={"spec": pool.spec.model_copy(update={"lora": lora})})
+
+
+def _fits_rank(
+    adapters: Sequence[PoolAdapter], results: Sequence[AdapterResult], rank: int
+) -> list[tuple[PoolAdapter, int | None]]:
+    """The servable adapters the running --max-lora-rank can load (the others wait for the restart)."""
+    return [
+        (a, v.rank)
+        for a, v in zip(adapters, results, strict=True)
+        if v.phase != AdapterPhase.FAILED and (v.rank is None or v.rank <= rank)
+    ]
+
+
+def _waiting_for_rank(results: Sequence[AdapterResult], running: int, wanted: int) -> list[AdapterResult]:
+    """Adapters above the running --max-lora-rank: Pending, saying they wait for the engine restart."""
+    message = (
+        f"needs --max-lora-rank {wanted}, the engines run {running}: waits for the engine restart "
+        f"(condition {replan.CONDITION} on the pool)"
+    )
+    return [
+        replace(v, phase=AdapterPhase.PENDING, message=message)
+        if v.phase != AdapterPhase.FAILED and v.rank is not None and v.rank > running
+        else v
+        for v in results
+    ]
+
+
+def _kept(want: Desired, fresh: Plan, r: replan.Replan) -> Desired:
+    """The pinned render with honest reasons: each flag kept from the running engines says so and why."""
+    if want.plan is None or r.running is None:
+        return want
+    kept = {
+        "maxLoras": (r.running.max_loras, fresh.max_loras),
+        "maxLoraRank": (r.running.max_lora_rank, fresh.max_lora_rank),
+        "maxCpuLoras": (r.running.max_cpu_loras, fresh.max_cpu_loras),
+    }
+    why = (
+        "within the band not worth a restart (grows past x1.25, shrinks to half or less)"
+        if r.action == replan.Action.KEEP
+        else f"a restart is pending ({replan.CONDITION}: {r.action.value})"
+    )
+    reasons = {
+        flag: fresh.reasons[flag]
+        if old == new
+        else f"{old}: kept from the running engines, {why}; the plan wants {new}"
+        for flag, (old, new) in kept.items()
+    }
+    return replace(want, plan=replace(want.plan, reasons=reasons, warnings=fresh.warnings))
+
+
+def _is_engine(obj: Obj, pool: LoRAPool) -> bool:
+    return bool(obj.get("kind") == "Deployment" and obj["metadata"]["name"] == names.engine(pool.metadata.name))
+
+
+def _restart_report(
+    pool: LoRAPool, r: replan.Replan | None, fresh: Plan | None, status: Mapping[str, Any] | None
+) -> tuple[Condition | None, Event | None]:
+    """EngineRestartPending and, when a restart is newly pending, the Event that announces it."""
+    if r is None or fresh is None:
+        return None, None
+    changed = [
+        f"{flag} {fresh.reasons[flag]}"
+        for flag, old, new in (
+            ("maxLoras", r.running.max_loras if r.running else None, r.wanted.max_loras),
+            ("maxLoraRank", r.running.max_lora_rank if r.running else None, r.wanted.max_lora_rank),
+            ("maxCpuLoras", r.running.max_cpu_loras if r.running else None, r.wanted.max_cpu_loras),
+        )
+        if old != new and r.running is not None
+    ]
+    settle = float(pool.spec.lora.replan.settle_seconds)
+    cond = replan.condition(r, pool.metadata.name, settle, pool.metadata.generation, "; ".join(changed))
+    announced = replan.announcement(r, status)
+    return cond, Event(announced[0], cond.message, announced[1]) if announced else None
 
 
 # --- 5. observe ------------------------------------------------------------------------------
@@ -228,6 +389,7 @@ def presence(identities: Mapping[str, str], pods: Sequence[EnginePod]) -> dict[s
     loaded = dict.fromkeys(identities, 0)
     loading = dict.fromkeys(identities, 0)
     failures: dict[str, list[str]] = {name: [] for name in identities}
+    revisions: dict[str, set[str]] = {name: set() for name in identities}
     for pod in sorted(pods, key=lambda p: p.name):
         report = pod.report
         if report is None or pod.terminating:
@@ -235,11 +397,13 @@ def presence(identities: Mapping[str, str], pods: Sequence[EnginePod]) -> dict[s
         for name, identity in identities.items():
             if report.holds(name, identity):
                 loaded[name] += pod.serving
+                if pod.serving and (revision := report.adapters[name].revision):
+                    revisions[name].add(revision)
             elif (why := report.failure(name, identity)) is not None:
                 failures[name].append(f"{pod.name or '?'}: {why}")
             elif report.loading(name):
                 loading[name] += 1
-    return {n: Presence(loaded[n], loading[n], tuple(failures[n])) for n in identities}
+    return {n: Presence(loaded[n], loading[n], tuple(failures[n]), tuple(sorted(revisions[n]))) for n in identities}
 
 
 def engine_versions(pods: Sequence[EnginePod]) -> dict[str | None, int]:

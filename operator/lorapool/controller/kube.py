@@ -118,8 +118,14 @@ class Kube:
                 return None
             raise
 
-    def list(self, kind: str, namespace: str, selector: str | None = None) -> list[dict[str, Any]]:
+    def list(
+        self, kind: str, namespace: str, selector: str | None = None, resource_version: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The objects of ``kind`` in ``namespace``; ``resource_version="0"`` lets the API server answer from
+        its watch cache (any recent state, no etcd read: the initial list of ``controller.index``)."""
         query = [("labelSelector", selector)] if selector else []
+        if resource_version is not None:
+            query.append(("resourceVersion", resource_version))
         return list(self._call("GET", self.path(kind, namespace), query=query).get("items") or [])
 
     def apply(self, obj: dict[str, Any]) -> bool:
@@ -156,15 +162,22 @@ class Kube:
                 raise
         WRITES.labels(kind, "delete").inc()
 
-    def annotate(self, kind: str, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
-        """Merge-patch ``annotations`` onto an object (None removes one); the placement slots of engine pods."""
-        self._call(
-            "PATCH",
-            self.path(kind, namespace, name),
-            body={"metadata": {"annotations": dict(annotations)}},
-            content_type="application/merge-patch+json",
-        )
+    def annotate(self, kind: str, namespace: str, name: str, annotations: Mapping[str, str | None]) -> bool:
+        """Merge-patch ``annotations`` onto an object (None removes one); the placement slots of engine pods.
+        False when the object is gone (a pod deleted by a rollout since it was listed): nothing to annotate."""
+        try:
+            self._call(
+                "PATCH",
+                self.path(kind, namespace, name),
+                body={"metadata": {"annotations": dict(annotations)}},
+                content_type="application/merge-patch+json",
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
         WRITES.labels(kind, "annotate").inc()
+        return True
 
     def patch_status(self, kind: str, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         self._call(

@@ -42,6 +42,11 @@ class Result:
 DONE = Result()
 
 
+class RetryLater(Exception):
+    """Raised by a reconcile that has already said what failed (a condition, an Event): the queue
+    retries it with backoff like any failure, and logs the message in one line, not a traceback."""
+
+
 @dataclass(frozen=True)
 class QueueSettings:
     """The queue's timing; seconds throughout."""

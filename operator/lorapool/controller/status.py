@@ -22,6 +22,7 @@ from lorapool.api.clock import rfc3339
 from lorapool.api.routerpolicy import PolicyState
 from lorapool.api.status import (
     AdapterPhase,
+    AdapterProblem,
     AdapterStatus,
     Condition,
     ConditionStatus,
@@ -74,6 +75,7 @@ class Presence:
     loaded: int = 0  # Ready, non-terminating replicas holding it at the desired identity
     loading: int = 0  # replicas downloading, verifying or loading it
     failures: tuple[str, ...] = ()  # "<pod>: <the engine's or source's reason>", one per failing replica
+    revisions: tuple[str, ...] = ()  # what the loaded copies' sources resolved to (an OCI digest), sorted, distinct
 
     @property
     def failed(self) -> bool:
@@ -184,13 +186,18 @@ def pool_status(o: Observed) -> LoRAPoolStatus:
     door = [inference_pool_condition(o.gateway, o.generation)] if o.gateway is not None else []
     if o.router_policy is not None:
         door.append(router_policy_condition(o.router_policy, o.generation))
+    entries = [_adapter_status(a, o.of(a.name), o.placement, o.desired_replicas) for a in o.adapters]
+    listed = bounded_entries(entries)
     return LoRAPoolStatus(
         observed_generation=o.generation,
-        conditions=[*conditions, *_kstatus_conditions(o, conditions[1]), *door],
+        conditions=[*conditions, _available(o, counts), *_kstatus_conditions(o, conditions[1]), *door],
         plan=o.plan,
         placement=o.placement.status if o.placement else None,
-        adapters=[_adapter_status(a, o.of(a.name), o.placement, o.desired_replicas) for a in o.adapters],
+        adapters=listed,
         adapter_count=len(o.adapters),
+        adapters_truncated=True if len(listed) < len(entries) else None,
+        adapter_phases=phase_counts(entries),
+        worst_adapters=worst_adapters(entries) or None,
         replicas=counts.existing,
         ready_replicas=counts.ready,
         endpoint=o.endpoint or None,
@@ -201,6 +208,54 @@ def pool_status(o: Observed) -> LoRAPoolStatus:
 
 
 MAX_VERSIONS = 8
+# LoRAAdapter objects listed in status.adapters (every inline one is: the CRD caps those at 1,000). At
+# ~190 bytes an entry, 2,000 entries keep the pool under 400 KB: a quarter of etcd's 1.5 MiB request limit.
+MAX_LISTED_OBJECTS = 1000
+MAX_WORST = 20  # status.worstAdapters
+MAX_ENTRY_MESSAGE = 512  # characters of one adapter's message in the pool's status (its object has all)
+MAX_DEGRADED_PROBLEMS = 10  # problems the Degraded message spells out; the rest are counted
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def severity(entry: AdapterStatus) -> int:
+    """How much an adapter needs a human, lowest first: refused, unreadable, unplaced, waiting, loading, ready."""
+    if entry.phase in (AdapterPhase.FAILED, AdapterPhase.CONFLICT):
+        return 0
+    if entry.phase == AdapterPhase.PENDING and entry.message:
+        return 1
+    if entry.message:
+        return 2
+    return {AdapterPhase.PENDING: 3, AdapterPhase.LOADING: 4}.get(entry.phase, 5)
+
+
+def bounded_entries(entries: Sequence[AdapterStatus]) -> list[AdapterStatus]:
+    """Every inline entry and at most ``MAX_LISTED_OBJECTS`` LoRAAdapter entries (the worst ones kept),
+    in their original order: a pool's status stays far below etcd's request limit at any catalogue size."""
+    objects = [e for e in entries if e.source_kind != "Inline"]
+    if len(objects) <= MAX_LISTED_OBJECTS:
+        return list(entries)
+    kept = {id(e) for e in sorted(objects, key=lambda e: (severity(e), e.name))[:MAX_LISTED_OBJECTS]}
+    return [e for e in entries if e.source_kind == "Inline" or id(e) in kept]
+
+
+def phase_counts(entries: Sequence[AdapterStatus]) -> dict[str, int]:
+    """Adapters per phase, over all of them (listed or not)."""
+    counts: dict[str, int] = {}
+    for entry in entries:
+        counts[entry.phase.value] = counts.get(entry.phase.value, 0) + 1
+    return counts
+
+
+def worst_adapters(entries: Sequence[AdapterStatus]) -> list[AdapterProblem]:
+    """The adapters a human must fix (refused, clashing, unreadable), worst first, at most ``MAX_WORST``."""
+    problems = sorted((e for e in entries if severity(e) <= 1), key=lambda e: (severity(e), e.name))
+    return [
+        AdapterProblem(name=e.name, source_kind=e.source_kind, phase=e.phase, message=e.message or "")
+        for e in problems[:MAX_WORST]
+    ]
 
 
 def engine_versions(counts: Mapping[str | None, int]) -> list[EngineVersionStatus]:
@@ -225,7 +280,7 @@ def _adapter_status(a: AdapterResult, p: Presence, placement: Placement | None, 
         rank=a.rank,
         phase=served_phase(a, p),
         loaded_replicas=p.loaded if served else None,
-        message=message or None,
+        message=_clip(message, MAX_ENTRY_MESSAGE) or None,
         placed_replicas=placed,
         target_replicas=k.k if k else None,
         target_changed_at=rfc3339(k.changed_at_s) if k else None,
@@ -251,6 +306,21 @@ def _serving_conditions(o: Observed, n: _Replicas) -> list[Condition]:
     else:
         ready = condition(READY, False, progressing.reason, progressing.message, o.generation)
     return [ready, progressing, _degraded(o)]
+
+
+def _available(o: Observed, n: _Replicas) -> Condition:
+    """Whether the pool serves requests now, as a Deployment's Available: some engine replica is ready
+    (on any pod template: a roll or a lost replica keeps it True) and so is a router."""
+    g = o.generation
+    if o.desired_replicas == 0:
+        return condition(ConditionType.AVAILABLE, False, "ScaledToZero", "spec.replicas is 0: nothing serves", g)
+    if n.ready == 0:
+        why = o.unschedulable or f"0/{o.desired_replicas} engine pods are ready"
+        return condition(ConditionType.AVAILABLE, False, "NoReadyReplicas", why, g)
+    if not o.router_ready:
+        return condition(ConditionType.AVAILABLE, False, "WaitingForRouter", "the router has no ready pod", g)
+    message = f"{n.ready}/{o.desired_replicas} engine pods and a router are ready"
+    return condition(ConditionType.AVAILABLE, True, "MinimumReplicasAvailable", message, g)
 
 
 def _progressing(o: Observed, n: _Replicas, rolled: bool) -> Condition:
@@ -282,7 +352,13 @@ def _degraded(o: Observed) -> Condition:
     if not problems:
         return condition(DEGRADED, False, "Healthy", "no adapter or placement problems", o.generation)
     reason = "Unschedulable" if o.unschedulable else "AdapterProblem"
-    return condition(DEGRADED, True, reason, "; ".join(problems), o.generation)
+    shown = [_clip(p, MAX_ENTRY_MESSAGE) for p in problems[:MAX_DEGRADED_PROBLEMS]]
+    if len(problems) > MAX_DEGRADED_PROBLEMS:
+        shown.append(
+            f"and {len(problems) - MAX_DEGRADED_PROBLEMS} more problem(s): see status.worstAdapters, "
+            "status.adapterPhases and `kubectl get loraadapters`"
+        )
+    return condition(DEGRADED, True, reason, "; ".join(shown), o.generation)
 
 
 def _ready_note(o: Observed, n: _Replicas) -> str:
@@ -388,6 +464,7 @@ def adapter_object_status(
         placed_replicas=placed,
         phase=phase,
         loaded_replicas=p.loaded if accepted or r.phase == AdapterPhase.PENDING else None,
+        resolved_revision=", ".join(p.revisions) or None,
         message=served_message(r, p),
         conditions=[
             condition(ACCEPTED, accepted, verdict, r.message or "source read; rank and base model valid", generation),

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from prometheus_client import Counter, Histogram
 
 from lorapool.controller import schedule
-from lorapool.controller.schedule import Key, QueueSettings, Result, Schedule
+from lorapool.controller.schedule import Key, QueueSettings, Result, RetryLater, Schedule
 
 log = logging.getLogger("lorapool.operator")
 
@@ -84,6 +84,9 @@ class WorkQueue:
         try:
             outcome = await self._reconcile(*key)
             RECONCILES.labels("ok").inc()
+        except RetryLater as exc:  # already a condition and an Event on the pool
+            RECONCILES.labels("error").inc()
+            log.warning("Retrying LoRAPool later: %s", exc, extra={"pool": "/".join(key)})
         except Exception:  # a reconcile must never kill the operator; the queue retries with backoff
             RECONCILES.labels("error").inc()
             log.exception("Failed to reconcile LoRAPool", extra={"pool": "/".join(key)})

@@ -5,7 +5,8 @@ distinct adapters (``plan.sizing``'s concurrency estimate), plus spares while th
 (``slot_headroom``), bounded by ``maxNumSeqs`` and a KV-cache floor (``slot_fit``): every slot's
 buffer is taken from the KV cache before it is sized. ``kv_cache_problem`` refuses slots that
 leave less KV cache than one sequence. The operator's sizing loop (``controller.tuning``) moves
-the value within the same bounds (``tuned``).
+the value within the same bounds (``tuned``). Whether a changed value restarts the engines now is
+``controller.replan``'s call (a settle window, a band of small moves kept, approval; docs/sizing.md).
 """
 
 from __future__ import annotations

@@ -1,14 +1,23 @@
 """``fetch_adapter_config``: an adapter's adapter_config.json, for the operator.
 
-The operator reads ranks and base models of many adapters on every reconcile, so
-results are cached for a short TTL keyed by (source, revision), concurrent callers of
-the same key share one fetch, and every fetch has a timeout. Failures are not cached:
-the caller's own backoff decides when to ask again.
+The operator reads ranks and base models of many adapters on every reconcile, so results
+are cached keyed by (source, revision), concurrent callers of the same key share one fetch,
+and every fetch has a timeout. Failures are not cached: the caller's own backoff decides
+when to ask again.
+
+A source is re-read only when it may have changed: a new spec (source or revision) is a new
+key; a commit revision (40 hex digits) names fixed content, so its entry never expires; any
+other entry (no revision, a branch or a tag) is re-read after ``ttl_s``, at most that often per
+adapter. The cache is sized by the catalogue (``fit``: twice the adapters known, so a change of
+revision keeps both for a while), between ``MIN_ENTRIES`` and ``MAX_ENTRIES`` (an entry is an
+adapter_config.json, ~1 KB: the bound is ~50 MB); below that no reconcile re-reads a source
+because an LRU evicted it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -21,15 +30,23 @@ from lorapool.sources.registry import open_source
 
 _Key = tuple[str, str | None]
 
+MIN_ENTRIES, MAX_ENTRIES = 1024, 50_000
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+def immutable(revision: str | None) -> bool:
+    """A revision that names fixed content (a git commit), so what it read once stays true."""
+    return revision is not None and _COMMIT.fullmatch(revision) is not None
+
 
 class ConfigCache:
-    """A small TTL + LRU cache of adapter configs with single-flight fetches."""
+    """A TTL + LRU cache of adapter configs, sized by the catalogue, with single-flight fetches."""
 
     def __init__(
         self,
         *,
         ttl_s: float = 300.0,
-        max_entries: int = 1024,
+        max_entries: int = MIN_ENTRIES,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.ttl_s = ttl_s
@@ -43,7 +60,7 @@ class ConfigCache:
         if hit is None:
             return None
         stored_at, value = hit
-        if self._clock() - stored_at > self.ttl_s:
+        if not immutable(key[1]) and self._clock() - stored_at > self.ttl_s:
             del self._entries[key]
             return None
         self._entries.move_to_end(key)
@@ -52,6 +69,17 @@ class ConfigCache:
     def put(self, key: _Key, value: dict[str, Any]) -> None:
         self._entries[key] = (self._clock(), dict(value))
         self._entries.move_to_end(key)
+        self._evict()
+
+    def fit(self, adapters: int) -> None:
+        """Size the cache for a catalogue of ``adapters`` (all pools): twice that, within the bounds."""
+        self.max_entries = min(max(MIN_ENTRIES, 2 * adapters), MAX_ENTRIES)
+        self._evict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _evict(self) -> None:
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
 
