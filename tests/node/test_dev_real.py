@@ -36,9 +36,11 @@ def test_dev_on_the_real_node_once_prints_every_pod_ready_there_and_an_answer(tm
     for namespace, name, node, ready in pods:
         done, total = ready.split("/")
         assert node == NODE_NAME and done == total, f"{namespace}/{name} on {node}, {ready} ready"
-    answer = json.loads(
-        result.stdout[result.stdout.index("answered:\n") + len("answered:\n") : result.stdout.rindex("}") + 1]
-    )
+    answer, _ = json.JSONDecoder().raw_decode(result.stdout, result.stdout.index("answered:\n") + len("answered:\n"))
     assert answer["model"] == "sql-coder" and answer["choices"][0]["text"]
+    # A "Try it" block whose adapter the pods can fetch: served by the in-cluster server, not a host path.
+    assert "Try it:" in result.stdout and str(state / "adapter.yaml") in result.stdout
+    adapter = json.loads((state / "adapter.yaml").read_text())
+    assert adapter["spec"]["source"].startswith("http://") and adapter["metadata"]["name"] == "my-adapter"
     assert not (state / "kubeconfig").exists() and not (state / "router-url").exists()
     assert not (state / "node").exists(), "the node's run directory is removed after a clean run"

@@ -10,7 +10,9 @@ from lorapool.render import names
 from tests.render.test_render import by_kind, render
 
 
-def test_only_the_sidecar_gets_a_token_and_it_may_only_patch_pod_status(example_doc: dict[str, Any]) -> None:
+def test_only_the_sidecar_gets_a_token_and_it_may_only_patch_pod_status_and_read_its_set(
+    example_doc: dict[str, Any],
+) -> None:
     objects = render(example_doc)
     sa = names.engine_service_account("llama3-8b")
     pod = by_kind(objects, "Deployment", "llama3-8b-engine")["spec"]["template"]["spec"]
@@ -26,8 +28,15 @@ def test_only_the_sidecar_gets_a_token_and_it_may_only_patch_pod_status(example_
     assert token_mount["mountPath"] == names.SERVICE_ACCOUNT_MOUNT and token_mount["readOnly"] is True
     env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in sidecar["env"]}
     assert env["POD_NAME"] == "metadata.name" and env["POD_NAMESPACE"] == "metadata.namespace"
+    shards = [f"llama3-8b-adapters-{i}" for i in range(32)]
     assert by_kind(objects, "Role", sa)["rules"] == [
-        {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]}
+        {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": ["llama3-8b-adapters", *shards],
+            "verbs": ["get", "list", "watch"],
+        },
     ]
     binding = by_kind(objects, "RoleBinding", sa)
     assert binding["roleRef"]["name"] == sa and binding["subjects"][0]["name"] == sa
@@ -43,7 +52,8 @@ def test_engine_pods_wait_for_their_first_adapter_sync(example_doc: dict[str, An
 
 def test_each_router_pod_knows_itself_and_may_only_read_pods_and_patch_pod_status(example_doc: dict[str, Any]) -> None:
     """The router writes its request counts on its own Pod (lorapool.io/requests): the downward API names
-    the Pod, and its Role adds exactly ``patch`` on ``pods/status`` to what routing reads."""
+    the Pod, and its Role adds exactly ``patch`` on ``pods/status`` to what routing reads (the slices,
+    the pods' reports, and the pool's adapter set by name, as the sidecars read it)."""
     objects = render(example_doc)
     router = names.router("llama3-8b")
     (container,) = by_kind(objects, "Deployment", router)["spec"]["template"]["spec"]["containers"]
@@ -54,4 +64,12 @@ def test_each_router_pod_knows_itself_and_may_only_read_pods_and_patch_pod_statu
         {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": [names.adapters_configmap("llama3-8b"), *names.adapter_shards("llama3-8b")],
+            "verbs": ["get", "list", "watch"],
+        },
     ]
+    engine_rules = by_kind(objects, "Role", names.engine_service_account("llama3-8b"))["rules"]
+    assert rules[-1] in engine_rules  # the same rule the sidecars read the set by

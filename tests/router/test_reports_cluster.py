@@ -177,3 +177,63 @@ def test_router_routes_by_the_reports_on_the_pods(
     assert metric(page, "lorapool_router_adapter_requests_total", adapter="chat", result="miss") == 1
     assert metric(page, "lorapool_router_queue_wait_seconds_count", reason="load") == 2
     assert metric(page, "lorapool_router_adapter_held_seconds_total", adapter="chat", reason="load") >= MAX_WAIT_S * 0.9
+
+
+def write_adapter_set(api: Any, ns: str, adapters: list[str]) -> None:
+    """What the operator writes: the pool's adapter set, inline in its index ConfigMap ``<pool>-adapters``."""
+    from kubernetes import client as k8s
+
+    from lorapool.api.adapterset import AdapterSet, AdapterSetIndex, DesiredAdapter, content_hash
+
+    whole = AdapterSet(
+        pool=POOL, base_model="tiny", max_lora_rank=16,
+        adapters=tuple(DesiredAdapter(name=n, source=f"file:///adapters/{n}") for n in adapters),
+    )  # fmt: skip
+    text = whole.to_json()
+    data = {"index.json": AdapterSetIndex(pool=POOL, generation=content_hash(text)).to_json(), "adapters.json": text}
+    body = {
+        "metadata": {"name": names.adapters_configmap(POOL), "labels": names.labels(POOL, "adapters")},
+        "data": data,
+    }
+    core = k8s.CoreV1Api(api)
+    try:
+        core.replace_namespaced_config_map(names.adapters_configmap(POOL), ns, body)
+    except k8s.ApiException as exc:
+        if exc.status != 404:
+            raise
+        core.create_namespaced_config_map(ns, body)
+
+
+def test_an_adapter_the_pools_set_names_is_loading_not_missing(
+    engine_pods: tuple[str, Any, Path], start_sim: StartSim, processes: dict[str, RunningProcess]
+) -> None:
+    """Before any sidecar reports a new adapter, the router that reads the pool's adapter set (with its
+    rendered Role, by name) holds a request for it and answers 503 with Retry-After, never 404; a name
+    the set does not have is 404, and one the set drops becomes 404 as soon as the router sees it."""
+    ns, api, kubeconfig = engine_pods
+    e0, e1 = f"{POOL}-engine-0", f"{POOL}-engine-1"
+    write_report(api, ns, e0, sql=entry("sql", P.LOADED))
+    write_report(api, ns, e1, sql=entry("sql", P.LOADED))
+    write_adapter_set(api, ns, ["sql", "math"])  # math: in the set, in no report yet
+    sims = [start_sim(time_scale=0), start_sim(time_scale=0)]
+    port = free_port()
+    argv = router_argv(port, sims, extra=[
+        "--report-pods", f"{ns}/{names.selector_string(POOL, 'engine')}",
+        "--backend-pod", f"{sims[0]}={e0}", "--backend-pod", f"{sims[1]}={e1}",
+        "--adapters-configmap", f"{ns}/{names.adapters_configmap(POOL)}", "--max-wait", "1", "--poll-interval", "0.2",
+    ])  # fmt: skip
+    router = f"http://127.0.0.1:{port}"
+    processes[router] = start_process(argv, f"{router}/health", 60, env={"KUBECONFIG": str(kubeconfig)})
+
+    def ask(model: str) -> tuple[int, dict[str, str], str]:
+        status, headers, raw = post(router, json.dumps({"model": model, "prompt": "x", "max_tokens": 1}).encode())
+        return status, headers, json.loads(raw)["error"]["message"] if status != 200 else ""
+
+    # The router reads the set at start; its first read may race the test: wait for the state it asserts.
+    status, headers, message = wait_until("math held, then 503", lambda: (r := ask("math"))[0] == 503 and r, 30)
+    assert headers["Retry-After"] == "1" and "'math' is in the pool's adapter set and not loaded" in message
+    status, _, message = ask("nope")
+    assert status == 404 and "not in the pool's adapter set" in message
+    write_adapter_set(api, ns, ["sql"])  # math leaves the pool: the watch tells the router
+    wait_until("math answered 404", lambda: ask("math")[0] == 404, 30)
+    assert ask("sql")[0] == 200

@@ -3,7 +3,8 @@ vLLM's arguments, resources and node placement, and the pod's volumes. Pure.
 
 Called by ``lorapool.render.manifests.render_pool``. The template's hash is its annotation, so
 pods roll exactly when the template changes: when vLLM's flags do, never when adapters do (they
-live in ``<pool>-adapters``, ``lorapool.render.configmaps``).
+live in ``<pool>-adapters`` and its shards, ``lorapool.render.configmaps``, which the sidecar reads
+through the API: no volume names them, so no change of the set or of its shard count touches the template).
 """
 
 from __future__ import annotations
@@ -28,6 +29,14 @@ from lorapool.render.source_access import (
     load_format_args,
     model_arg,
 )
+
+# A stopping engine pod: the kubelet runs the vLLM container's preStop sleep first, while the
+# EndpointSlice controller takes the pod out of the engine Service and the routers stop sending to
+# it; then vLLM gets SIGTERM and drains (--shutdown-timeout: requests in flight finish, new ones are
+# refused) for up to DRAIN_S. The grace period covers both, with room for the sidecar's own stop.
+ENDPOINTS_SETTLE_S = 5
+DRAIN_S = 30
+TERMINATION_GRACE_S = 60
 
 
 def engine_args(pool: LoRAPool, plan: Plan) -> list[str]:
@@ -60,6 +69,8 @@ def engine_args(pool: LoRAPool, plan: Plan) -> list[str]:
         str(plan.max_cpu_loras),
         "--lora-dtype",
         spec.lora.dtype.value,
+        "--shutdown-timeout",  # drain on SIGTERM (vLLM's default, 0, aborts what is in flight)
+        str(DRAIN_S),
     ]
     if spec.lora.target_modules:
         args += ["--lora-target-modules", *spec.lora.target_modules]
@@ -129,7 +140,7 @@ def engine_deployment(pool: LoRAPool, plan: Plan, adapters: Sequence[PoolAdapter
         # The pod joins the Service once its sidecar says the first adapter sync is over (loaded or
         # failed: a broken adapter fails everywhere alike and keeps no pod out); see docs/status.md.
         "readinessGates": [{"conditionType": SYNCED_CONDITION}],
-        "terminationGracePeriodSeconds": 60,
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
         "securityContext": {
             "runAsUser": 1000,
             "runAsGroup": 1000,
@@ -160,12 +171,11 @@ def engine_deployment(pool: LoRAPool, plan: Plan, adapters: Sequence[PoolAdapter
 
 
 def _engine_volumes(pool: LoRAPool) -> list[Obj]:
-    """Shared memory, the adapter dir and its config, model caches, the sidecar's two, and a mounted
-    base model's (the adapters' mounted sources follow them)."""
+    """Shared memory, the adapter dir, model caches, the sidecar's two, and a mounted base model's
+    (the adapters' mounted sources follow them)."""
     return [
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{8 * pool.spec.gpu.count}Gi"}},
         {"name": "adapters", "emptyDir": {}},
-        {"name": "adapters-config", "configMap": {"name": names.adapters_configmap(pool.metadata.name)}},
         {"name": "models", "emptyDir": {}},
         {"name": "tmp", "emptyDir": {}},
         report_token_volume(),
@@ -197,6 +207,7 @@ def _vllm_container(pool: LoRAPool, plan: Plan, opts: RenderOptions, source_moun
         "startupProbe": {**probe, "periodSeconds": 10, "failureThreshold": 180, "timeoutSeconds": 5},
         "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 3, "timeoutSeconds": 5},
         "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 6, "timeoutSeconds": 5},
+        "lifecycle": {"preStop": {"sleep": {"seconds": ENDPOINTS_SETTLE_S}}},  # no shell needed (Kubernetes 1.30+)
         "volumeMounts": [
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "adapters", "mountPath": names.ADAPTERS_MOUNT, "readOnly": True},

@@ -51,6 +51,9 @@ def _router_args(pool: LoRAPool) -> list[str]:
         # Route by what each engine's sidecar reports it holds (loaded, loading, failed).
         "--report-pods",
         f"{ns}/{names.selector_string(p, 'engine')}",
+        # The adapters the pool has: one it names is held while it loads, never a 404 (docs/status.md).
+        "--adapters-configmap",
+        f"{ns}/{names.adapters_configmap(p)}",
         # The policy document (<pool>-router-policy: spec.router's policy, prefixWeight and dispatch, the
         # plan's maxLoras and maxCpuLoras), re-read live.
         "--policy-file",

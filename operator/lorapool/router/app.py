@@ -10,11 +10,12 @@ SSE error event.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -85,6 +86,10 @@ class Proxy:
             total=None, connect=settings.connect_timeout_s, sock_read=settings.read_timeout_s
         )
         self._urls: dict[tuple[str, str], URL] = {}
+        # Handler tasks still waiting for a backend's first byte, by backend; those given up on.
+        self._awaiting: dict[str, set[asyncio.Task[Any]]] = {}
+        self._gave_up: set[asyncio.Task[Any]] = set()
+        scheduler.departure_hooks.append(self._departed)
 
     # --- OpenAI endpoints -----------------------------------------------------------------
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -142,7 +147,43 @@ class Proxy:
                 self._urls[key] = url
         return url
 
+    # --- a backend that leaves --------------------------------------------------------------
+    def _departed(self, backend: str) -> None:
+        """``backend`` left the pool's endpoints (its pod is stopping): each request still waiting
+        for its first byte gets ``departed_grace_s`` more (a draining engine answers in that time),
+        then is retried elsewhere. Safe: nothing of its answer reached the client yet."""
+        loop = asyncio.get_running_loop()
+        for task in self._awaiting.get(backend, ()):
+            loop.call_later(self.settings.departed_grace_s, self._give_up, backend, task)
+
+    def _give_up(self, backend: str, task: asyncio.Task[Any]) -> None:
+        if task in self._awaiting.get(backend, ()):
+            self._gave_up.add(task)
+            task.cancel()
+
     async def _forward(self, request: web.Request, body: bytes, ticket: Ticket, backend: str) -> web.StreamResponse:
+        """``_send`` while the task is counted as waiting on ``backend``; a give-up becomes a retry."""
+        task = asyncio.current_task()
+        assert task is not None
+        awaiting = self._awaiting.setdefault(backend, set())
+        awaiting.add(task)
+        try:
+            return await self._send(request, body, ticket, backend, lambda: awaiting.discard(task))
+        except asyncio.CancelledError:
+            if task not in self._gave_up:
+                raise  # the client left (aiohttp cancels its handler)
+            self._gave_up.discard(task)
+            task.uncancel()
+            raise _Retry("departed", down=False) from None
+        finally:
+            awaiting.discard(task)
+            if not awaiting:
+                self._awaiting.pop(backend, None)
+
+    async def _send(
+        self, request: web.Request, body: bytes, ticket: Ticket, backend: str, arrived: Callable[[], None]
+    ) -> web.StreamResponse:
+        """Send the request to ``backend`` and relay its answer; ``arrived``: its first byte came."""
         url = self._upstream_url(backend, request)
         headers = forward_headers(request.headers)
         if "Authorization" in self.session.headers:
@@ -167,11 +208,12 @@ class Proxy:
             stream = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
             self.lifecycle.responded(ticket, upstream.status, stream=stream)
             if stream:
-                return await self._relay_stream(request, upstream, headers, ticket)
+                return await self._relay_stream(request, upstream, headers, ticket, arrived)
             try:
                 data = await upstream.read()
             except (aiohttp.ClientError, TimeoutError) as exc:  # nothing reached the client yet
                 raise _Retry("dropped", down=True) from exc
+            arrived()
             self.lifecycle.feed(ticket, data)
             self.lifecycle.first_byte(ticket)
             return web.Response(body=data, status=upstream.status, headers=headers)
@@ -187,6 +229,7 @@ class Proxy:
         upstream: aiohttp.ClientResponse,
         headers: CIMultiDict[str],
         ticket: Ticket,
+        arrived: Callable[[], None],
     ) -> web.StreamResponse:
         response = web.StreamResponse(status=upstream.status, headers=headers)
         response.enable_chunked_encoding()
@@ -204,6 +247,7 @@ class Proxy:
                 with contextlib.suppress(ConnectionError, aiohttp.ClientConnectionError):
                     await response.write(f"data: {json.dumps(event)}\n\n".encode())
                 return response
+            arrived()  # from here the client may see bytes: never given up on, never retried
             self.lifecycle.feed(ticket, chunk)  # before the write: a client that leaves cancels us mid-write
             try:
                 if not response.prepared:

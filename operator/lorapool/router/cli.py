@@ -50,6 +50,12 @@ def _add_backend_flags(parser: argparse.ArgumentParser) -> None:
         " default: none, /v1/models alone says what each backend serves",
     )
     parser.add_argument(
+        "--adapters-configmap",
+        metavar="NAMESPACE/NAME",
+        help="the pool's adapter set (its index ConfigMap), read and watched through the API: an adapter"
+        " it names is held while it loads, and 404 is kept for names the pool does not have",
+    )
+    parser.add_argument(
         "--backend-pod",
         action="append",
         metavar="URL=POD",
@@ -245,6 +251,14 @@ def _add_timing_flags(parser: argparse.ArgumentParser, d: RouterSettings) -> Non
         help="longest silence from a backend mid-response (default %(default)s)",
     )
     parser.add_argument(
+        "--departed-grace",
+        type=float,
+        default=d.departed_grace_s,
+        metavar="SECONDS",
+        help="how long a request bound to a backend that left the endpoints waits for its first byte"
+        " before it is retried elsewhere (default %(default)s)",
+    )
+    parser.add_argument(
         "--requests-window-s",
         type=float,
         default=d.requests_window_s,
@@ -323,6 +337,7 @@ def settings_from(args: argparse.Namespace) -> RouterSettings:
         endpointslices=args.endpointslices,
         port_name=args.port_name,
         report_pods=args.report_pods,
+        adapters_configmap=args.adapters_configmap,
         backend_pods=tuple(parse_backend_pod(v) for v in args.backend_pod or ()),
         policy_file=args.policy_file,
         policy_flags=tuple(name for name, dest in POLICY_FLAGS.items() if getattr(args, dest) is not None),
@@ -345,6 +360,7 @@ def settings_from(args: argparse.Namespace) -> RouterSettings:
         poll_interval_s=args.poll_interval,
         connect_timeout_s=args.connect_timeout,
         read_timeout_s=args.read_timeout,
+        departed_grace_s=args.departed_grace,
         backend_header=args.backend_header,
         requests_window_s=args.requests_window_s,
         pod=str(pod) if pod is not None else None,

@@ -121,6 +121,10 @@ class Scheduler:
         self.fairness = VirtualTokenCounter() if self.knobs.fair else None
         # Set by the poller: re-reads /v1/models when a model is unknown everywhere.
         self.refresh_models: Callable[[], Awaitable[None]] | None = None
+        # Told each backend that leaves the set (its pod stopping): the HTTP door's requests waiting on it.
+        self.departure_hooks: list[Callable[[str], None]] = []
+        # The adapters the pool's adapter set names (``set_desired``); None: the router does not read it.
+        self.desired: frozenset[str] | None = None
         telemetry.watch(self.backends, self.queues.depths)
 
     # --- what the shells read -------------------------------------------------------------
@@ -149,8 +153,20 @@ class Scheduler:
         ``prompt``: its text (``RequestBody.prompt``), which the policy's stateful scorers prepare
         their data from once here (``Scheduling.prepare``), for every decision and the bind to read."""
         priority = self.traffic.of(model).priority
-        req = Request(model, model not in self.base_models(), priority, prompt_tokens, max_tokens)
+        is_adapter = model not in self.base_models()
+        req = Request(model, is_adapter, priority, prompt_tokens, max_tokens, in_pool=self.in_pool(model))
         return self.scheduling.prepare(req, prompt) if prompt else req
+
+    def in_pool(self, model: str) -> bool | None:
+        """Whether the pool's adapter set names ``model`` (None: no set read: ``--adapter-set`` not given)."""
+        return None if self.desired is None else model in self.desired
+
+    def set_desired(self, names: frozenset[str] | None) -> None:
+        """The adapters the pool's adapter set names now (its ``--adapter-set`` watch); held loads of one
+        it no longer names, and that no report knows, get their 404 at once."""
+        self.desired = names
+        self._refuse_lost_loads()
+        self.changed()
 
     def meters(self, allow: Allow) -> bool:
         """Whether a response's token use must be read: its adapter is token-limited, or fair
@@ -209,6 +225,8 @@ class Scheduler:
         for url in removed:
             del self._states[url]
             self.scheduling.reset(url)  # the plugins' state for it leaves with it
+            for hook in self.departure_hooks:
+                hook(url)
         for url in added:
             k = self.knobs
             self._states[url] = BackendState(
@@ -436,7 +454,7 @@ class Scheduler:
             waiters = [w for w in self.queues.items(model) if w.reason == HoldReason.LOAD]
             if not waiters:
                 continue
-            refusal = lost_load(model, views)
+            refusal = lost_load(model, views, self.in_pool(model))
             if refusal is None:
                 continue
             for waiter in waiters:

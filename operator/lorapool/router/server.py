@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import aiohttp
 from aiohttp import web
 
+from lorapool.api.adapterset import AdapterSet
 from lorapool.api.pods import EnginePod
 from lorapool.api.routerpolicy import PolicyState
 from lorapool.podstatus import PodRef, api_server
@@ -40,6 +41,7 @@ from lorapool.router.trafficfile import TrafficFile
 
 if TYPE_CHECKING:
     from lorapool.router.picker.server import RunningPicker
+    from lorapool.sources.setwatch import SetWatcher
 
 log = logging.getLogger("lorapool.router")
 
@@ -76,6 +78,36 @@ def publisher_for(settings: RouterSettings, counter: RequestCounter) -> Publishe
         return None
     log.info("Publishing request counts on Pod", extra={"kv": {"pod": str(pod), "window_s": counter.window_s}})
     return Publisher(server, pod, counter)
+
+
+def adapter_set_watch(settings: RouterSettings, scheduler: Scheduler) -> SetWatcher | None:
+    """The pool's adapter set, read and watched through the API (``--adapters-configmap``), telling the
+    scheduler which adapters the pool has; None without the flag or credentials (logged): the router
+    then knows adapters from the reports alone, as before."""
+    if settings.adapters_configmap is None:
+        return None
+    from kubernetes.config import ConfigException
+
+    from lorapool.sources.setwatch import SetRef, SetWatcher
+
+    ref = SetRef.parse(settings.adapters_configmap)
+    kubeconfig = os.environ.get("KUBECONFIG")
+    try:
+        server = api_server(Path(kubeconfig) if kubeconfig else None)
+    except (ValueError, OSError, ConfigException) as exc:
+        log.warning("Not reading the adapter set", extra={"kv": {"configmap": str(ref), "error": str(exc)}})
+        return None
+
+    def changed() -> None:
+        try:
+            adapters = AdapterSet.from_json(watcher.snapshot or b"").adapters
+        except ValueError as exc:  # a consistent set that does not parse: keep what we had, say why
+            log.warning("Unreadable adapter set", extra={"kv": {"configmap": str(ref), "error": str(exc)[:300]}})
+            return
+        scheduler.set_desired(frozenset(a.name for a in adapters))
+
+    watcher = SetWatcher(server, ref, changed)
+    return watcher
 
 
 def engine_auth_headers() -> dict[str, str]:
@@ -177,6 +209,8 @@ async def serve(settings: RouterSettings) -> None:
         rereading_policy = loop.create_task(policy.run(settings.poll_interval_s)) if policy is not None else None
         stop = asyncio.Event()
         publishing = loop.create_task(publisher.run(stop)) if publisher is not None else None
+        adapter_set = adapter_set_watch(settings, scheduler)
+        watching = loop.create_task(adapter_set.run(stop)) if adapter_set is not None else None
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         try:
@@ -189,6 +223,8 @@ async def serve(settings: RouterSettings) -> None:
                     await _cancelled(task)
             if publishing is not None:  # a write in flight is dropped: the counts are a rate, not a ledger
                 await _cancelled(publishing)
+            if watching is not None:
+                await _cancelled(watching)
             discovery.stop()
             if picker is not None:
                 await picker.stop()

@@ -44,6 +44,9 @@ class RouterSettings:
     # NAMESPACE/LABEL_SELECTOR of the pool's engine Pods, whose sidecars' reports say what each
     # engine holds (docs/status.md); None: no reports, /v1/models alone decides (local use).
     report_pods: str | None = None
+    # NAMESPACE/NAME of the pool's adapter-set index ConfigMap, read and watched through the API: an
+    # adapter it names is held while it loads (503 with Retry-After at the wait's end), never a 404.
+    adapters_configmap: str | None = None
     # Static backends' pods (URL -> pod name) for their reports; EndpointSlices name their own
     # (targetRef), and a backend not named either way is matched by pod IP.
     backend_pods: tuple[tuple[str, str], ...] = ()
@@ -112,6 +115,10 @@ class RouterSettings:
     connect_timeout_s: float = 2.0
     # Longest silence from a backend mid-response (no next byte), seconds.
     read_timeout_s: float = 600.0
+    # A request bound to a backend that left the pool's endpoints (its pod is stopping) waits this
+    # long for its first byte, then is retried elsewhere: the engines drain for 30 s on SIGTERM
+    # (render.engine.DRAIN_S), so only an engine that hangs past its own drain loses its requests here.
+    departed_grace_s: float = 30.0
     # Retry-After sent with 429 and 503, seconds.
     retry_after_s: int = 1
     # Distinct model label values in the router's metrics; the rest are counted as "other".

@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lorapool import logs
@@ -23,6 +24,7 @@ from lorapool.sim.timing import DEFAULT_PROFILE, PROFILES, timing_fields
 
 if TYPE_CHECKING:
     from lorapool.sim.server import LoRAModule, SimSettings
+    from lorapool.sources.verify import BaseShape
 
 log = logging.getLogger("lorapool.sim")
 
@@ -100,6 +102,13 @@ def _engine_flags(vllm: argparse._ArgumentGroup) -> None:
         help="report usage.prompt_tokens_details.cached_tokens (default off, as vLLM)",
     )
     vllm.add_argument("--seed", type=int, default=0, help="seed of output text and lengths (default 0)")
+    vllm.add_argument(
+        "--shutdown-timeout",
+        type=int,
+        default=0,
+        help="on SIGTERM, as vLLM: 0 aborts the requests in flight (each answered, finish_reason abort);"
+        " N > 0 refuses new ones and lets those in flight finish for up to N wall seconds (default 0)",
+    )
 
 
 class _EnableDisable(argparse.Action):
@@ -237,7 +246,24 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | os._E
         lora_modules=tuple(parse_lora_module(spec) for spec in args.lora_modules),
         release=release,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+        shutdown_timeout_s=float(args.shutdown_timeout),
+        base_shape=base_shape_of(model, name=(args.served_model_name or [model])[0]),
     )
+
+
+def base_shape_of(model: str, *, name: str) -> BaseShape | None:
+    """The shape in ``model``'s config.json when ``--model`` is a model directory (as vLLM reads it),
+    else None: a profile's model name is a label here, its adapters need not fit a real model."""
+    from lorapool.errors import AdapterError
+    from lorapool.sources.verify import BaseShape
+
+    config = Path(model) / "config.json"
+    if not config.is_file():
+        return None
+    try:
+        return BaseShape.from_config(json.loads(config.read_text()), name=name)
+    except (OSError, ValueError, AdapterError) as exc:
+        raise ValueError(f"--model {model}: cannot read the model's shape from config.json: {exc}") from exc
 
 
 def run(args: argparse.Namespace) -> int:
@@ -287,6 +313,6 @@ async def _serve(settings: SimSettings) -> int:
     await asyncio.wait({stopped, failed}, return_when=asyncio.FIRST_COMPLETED)
     stopped.cancel()
     failed.cancel()
-    await server.stop()
+    await (server.stop() if server.failed.is_set() else server.shutdown())
     log.info("Stopped vLLM simulator")
     return 1 if server.failed.is_set() else 0

@@ -13,6 +13,7 @@ Called by ``lorapool.sim.cli``; tests start it as a real process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -43,6 +44,7 @@ from lorapool.sim.metrics import CONTENT_TYPE, SimMetrics
 from lorapool.sim.protocol import RequestError
 from lorapool.sim.text import block_hashes, lora_salt, natural_output_tokens, output_text, request_seed
 from lorapool.sim.timing import TimingParams
+from lorapool.sources.verify import BaseShape
 
 log = logging.getLogger("lorapool.sim")
 
@@ -74,6 +76,11 @@ class SimSettings:
     lora_modules: tuple[LoRAModule, ...] = ()
     release: VllmRelease = SUPPORTED[CPU_TIER]  # the vLLM release it behaves as (--vllm-version)
     enable_prompt_tokens_details: bool = False  # usage.prompt_tokens_details, as vLLM's flag (off)
+    # The served model's shape, read from --model's config.json when it is a directory: adapters are
+    # verified against it (sim.adapters); None: config and weights only.
+    base_shape: BaseShape | None = None
+    # vLLM's --shutdown-timeout (0.32+): what SIGTERM does to the requests in flight (``SimServer.shutdown``).
+    shutdown_timeout_s: float = 0.0
 
 
 class _Waiter:
@@ -107,6 +114,8 @@ class SimServer:
         self._stepper: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
         self.failed = asyncio.Event()
+        self.draining = False  # SIGTERM came: new generation requests are refused (``shutdown``)
+        self._drained = asyncio.Event()  # set by the stepper when draining and nothing is left
         self.port = settings.port
         self.created = int(time.time())
 
@@ -146,6 +155,28 @@ class SimServer:
             self._stepper.cancel()
         if self._runner is not None:
             await self._runner.cleanup()
+
+    async def shutdown(self) -> None:
+        """SIGTERM as vLLM 0.32+ takes it (its engine core's ``_handle_shutdown``): with
+        ``--shutdown-timeout 0`` every request in flight ends at once, answered with what it has and
+        finish_reason ``abort``; with N > 0 new requests are refused (500, vLLM's words) while those in
+        flight finish for up to N wall seconds, and what is left then is aborted. Then the server stops.
+        The timeout is wall time, not scaled: it is the pod's, not the model's."""
+        self.draining = True
+        if self.engine.has_work and self.settings.shutdown_timeout_s > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._drained.wait(), self.settings.shutdown_timeout_s)
+        self._abort_in_flight()
+        await self.stop()
+
+    def _abort_in_flight(self) -> None:
+        """End every unfinished request as aborted and wake its handler, which answers with it."""
+        for req in [*self.engine.running, *self.engine.waiting]:
+            self.engine.abort(req)
+            waiter: _Waiter = req.handle
+            waiter.visible, waiter.done = req.generated, True
+            if waiter.future is not None and not waiter.future.done():
+                waiter.future.set_result(None)
 
     def _stepper_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
@@ -254,6 +285,8 @@ class SimServer:
             future = waiter.future
             if future is not None and not future.done():
                 future.set_result(None)
+        if self.draining and not self.engine.has_work:
+            self._drained.set()
 
     async def _run_utility(self, call: Callable[[], LoadEvent]) -> LoadEvent:
         future: asyncio.Future[LoadEvent] = asyncio.get_running_loop().create_future()
@@ -295,6 +328,8 @@ class SimServer:
         return await self._generate(request, chat=True)
 
     async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        if self.draining:  # what vLLM's API server answers while its engine drains
+            return _error(500, "InternalServerError", "cannot schedule new futures after shutdown")
         try:
             gen = protocol.parse_generation(await _read_json(request), chat=chat)
             model, adapter = self._resolve(gen.model)
@@ -495,7 +530,9 @@ class SimServer:
     ) -> AdapterRef:
         """``inplace`` on a release whose flag sticks (0.32): the cached request keeps ``load_inplace``,
         so vLLM's worker re-reads the adapter at every step that runs it (``AdapterRef.reread``)."""
-        files = read_adapter(name, path, max_lora_rank=self.settings.engine.max_lora_rank)
+        files = read_adapter(
+            name, path, max_lora_rank=self.settings.engine.max_lora_rank, base=self.settings.base_shape
+        )
         if existing is not None:
             lora_id = existing.lora_id  # load_inplace keeps vLLM's lora_int_id
         else:

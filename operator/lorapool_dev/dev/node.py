@@ -40,6 +40,7 @@ CHART = REPO / "charts" / "lorapool"
 SYSTEM_NS = "lorapool-system"
 # What each engine pod asks of the real node (it runs the simulator, not vLLM on a GPU).
 SMALL_ENGINE = {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
+TRY_ADAPTER = "my-adapter"  # served in the cluster, not in the pool: the "Try it" block adds it
 
 
 def run_real(args: argparse.Namespace, pool_doc: dict[str, Any], say: Callable[[str], None]) -> int:
@@ -70,7 +71,7 @@ def _play(
     state = args.dir.expanduser()
     ns, name = pool_doc["metadata"]["namespace"], pool_doc["metadata"]["name"]
     _install_chart(node, images["runtime"], ns, say)
-    _apply_pool(node, pool_doc, images["runtime"], images["sim"], say)
+    spare = _apply_pool(node, pool_doc, images["runtime"], images["sim"], say)
     _wait_ready(node, ns, name, args.timeout_seconds, say)
     pods = _print_pods(node, (SYSTEM_NS, ns))
     with node.port_forward(f"svc/{name}", 8000, ns) as router_url:
@@ -80,11 +81,27 @@ def _play(
         if off_node:
             say(f"Not every pod is Ready on {NODE_NAME}: {off_node}")
             return 1
+        _try_it(state, pool_doc, spare, router_url)
         if not args.once:
             say(f"Playground running on the real node. KUBECONFIG={state / 'kubeconfig'}  Ctrl-C stops it.")
             while True:
                 time.sleep(3600)
     return 0
+
+
+def deploy(node: RealNode, pool_doc: dict[str, Any], images: dict[str, str], timeout_s: float) -> None:
+    """The chart and the pool on a node someone else started, until the pool is Ready: what the
+    playground does before its first answer (the fault harness, tests/node/test_faults_real.py)."""
+    ns, name = pool_doc["metadata"]["namespace"], pool_doc["metadata"]["name"]
+    _install_chart(node, images["runtime"], ns, print)
+    _apply_pool(node, pool_doc, images["runtime"], images["sim"], print)
+    _wait_ready(node, ns, name, timeout_s, print)
+
+
+def undeploy(node: RealNode, ns: str) -> None:
+    """Remove what `deploy` made (the release, both namespaces) so another test can use the node."""
+    _helm(node, "uninstall", "lorapool", "-n", SYSTEM_NS, "--wait", "--ignore-not-found")
+    node.kubectl("delete", "namespace", ns, SYSTEM_NS, "--wait=true", "--ignore-not-found", timeout_s=300)
 
 
 def _helm(node: RealNode, *args: str) -> None:
@@ -108,11 +125,14 @@ def _install_chart(node: RealNode, image: str, ns: str, say: Callable[[str], Non
     )  # fmt: skip
 
 
-def _apply_pool(node: RealNode, pool_doc: dict[str, Any], image: str, sim: str, say: Callable[[str], None]) -> None:
+def _apply_pool(node: RealNode, pool_doc: dict[str, Any], image: str, sim: str, say: Callable[[str], None]) -> str:
+    """Serve the adapters in the cluster and apply the pool; the source URL of one more adapter,
+    served but not in the pool, for the user to add (``_try_it``)."""
     spec = pool_doc["spec"]
     ranks = {a["name"]: int(a.get("rank") or 8) for a in spec["adapters"]}
     ns = pool_doc["metadata"]["namespace"]
-    say(f"Serving the pool's adapters from an in-cluster HTTP server: {', '.join(ranks)}")
+    say(f"Serving the pool's adapters from an in-cluster HTTP server: {', '.join(ranks)} (and {TRY_ADAPTER})")
+    ranks[TRY_ADAPTER] = 8
     docs = adapter_server.manifests(ns, image, ranks, spec["baseModel"]["name"])
     node.kubectl("apply", "-f", "-", input_text=yaml.safe_dump_all(docs))
     node.kubectl("rollout", "status", f"deployment/{adapter_server.NAME}", "-n", ns, "--timeout=180s", timeout_s=200)
@@ -123,6 +143,32 @@ def _apply_pool(node: RealNode, pool_doc: dict[str, Any], image: str, sim: str, 
     spec["vllm"] = {**spec.get("vllm", {}), "image": sim, "resources": SMALL_ENGINE}
     say(f"Applying LoRAPool {ns}/{pool_doc['metadata']['name']} with engine image {sim}")
     node.kubectl("apply", "-f", "-", input_text=yaml.safe_dump(pool_doc))
+    return urls[TRY_ADAPTER]
+
+
+def _try_it(state: Path, pool_doc: dict[str, Any], source: str, router_url: str) -> None:
+    """Write a LoRAAdapter whose source the pods can reach (the in-cluster server) and print the
+    commands that show it served, as the fake-node playground does."""
+    ns, name = pool_doc["metadata"]["namespace"], pool_doc["metadata"]["name"]
+    adapter = {
+        "apiVersion": "lorapool.io/v1alpha1", "kind": "LoRAAdapter",
+        "metadata": {"name": TRY_ADAPTER, "namespace": ns},
+        "spec": {"poolRef": {"name": name}, "source": source},
+    }  # fmt: skip
+    (state / "adapter.yaml").write_text(json.dumps(adapter, indent=2) + "\n")
+    kubectl = f"{binary('kubectl')} --kubeconfig {state / 'kubeconfig'}"
+    body = json.dumps({"model": TRY_ADAPTER, "prompt": "Hello", "max_tokens": 8})
+    print(
+        f"""
+Try it:
+  {kubectl} apply -f {state / "adapter.yaml"}
+  {kubectl} wait --for=condition=Ready loraadapter/{TRY_ADAPTER} -n {ns}
+  curl -s {router_url}/v1/completions -H 'Content-Type: application/json' -d '{body}'
+  {kubectl} get loraadapters -n {ns}        # LOADED: replicas whose sidecar reports it loaded
+  {kubectl} delete -f {state / "adapter.yaml"}   # the same request then gets 404
+(the front door is a kubectl port-forward to the router Service, started again if its pod goes)""",
+        flush=True,
+    )
 
 
 def _wait_ready(node: RealNode, ns: str, name: str, timeout_s: float, say: Callable[[str], None]) -> None:

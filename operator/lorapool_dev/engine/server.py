@@ -78,6 +78,8 @@ class ServeConfig:
     # The vLLM release: the sim takes it on (--vllm-version); vllm runs the installed CPU build,
     # which is api.vllm_versions.CPU_TIER's release, so it refuses any other
     vllm_version: str = CPU_TIER
+    # --shutdown-timeout (vLLM 0.32+): what SIGTERM does to requests in flight; None: the default (0, abort)
+    shutdown_timeout: int | None = None
 
     @property
     def url(self) -> str:
@@ -103,6 +105,8 @@ def common_flags(cfg: ServeConfig) -> list[str]:
         flags += ["--block-size", str(cfg.block_size)]
     if cfg.lora_modules:
         flags += ["--lora-modules", *(f"{name}={path}" for name, path in cfg.lora_modules)]
+    if cfg.shutdown_timeout is not None:
+        flags += ["--shutdown-timeout", str(cfg.shutdown_timeout)]
     return flags
 
 

@@ -230,9 +230,10 @@ def expire(
     return _pick_best_effort(scheduling.fallback, req, candidates, survivors, refused_by, loaded_late=loaded_late)
 
 
-def lost_load(model: str, backends: Sequence[Backend]) -> Refuse | None:
-    """For requests held for ``model``'s load: the 404 when the reports now say it failed or is gone."""
-    return _lost(model, standing(model, {b.id: b.report for b in backends}), SERVES_MODEL.name)
+def lost_load(model: str, backends: Sequence[Backend], in_pool: bool | None = None) -> Refuse | None:
+    """For requests held for ``model``'s load: the 404 when the reports (and the adapter set, when
+    ``in_pool`` says) now say it failed or is gone."""
+    return _lost(model, standing(model, {b.id: b.report for b in backends}, in_pool), SERVES_MODEL.name)
 
 
 def moved_to(req: Request, backends: Sequence[Backend], backend: str) -> Bind:
@@ -261,7 +262,7 @@ def _standing(req: Request, backends: Sequence[Backend]) -> Verdict:
     """The adapter's standing over every backend's report (a base model has none to stand on)."""
     if not req.is_adapter:
         return Verdict(Standing.UNREPORTED)
-    return standing(req.model, {b.id: b.report for b in backends})
+    return standing(req.model, {b.id: b.report for b in backends}, req.in_pool)
 
 
 def _lost(model: str, verdict: Verdict, refused_by: str) -> Refuse | None:

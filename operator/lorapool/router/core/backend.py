@@ -30,6 +30,9 @@ class Request:
     # Per-request data of the policy's stateful scorers, by plugin name (``policy.ScorerHooks.prepare``,
     # computed once per request; empty when no scorer keeps any).
     prepared: Mapping[str, object] = field(default_factory=dict, hash=False)
+    # Whether the pool's adapter set names the model (None: the router does not read the set): an
+    # adapter it names is never "not in the pool" (core.reports.standing).
+    in_pool: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)

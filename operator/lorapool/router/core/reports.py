@@ -78,8 +78,21 @@ class Verdict:
     reason: str = ""
 
 
-def standing(model: str, reports: Mapping[str, ReplicaReport | None]) -> Verdict:
-    """Where ``model`` stands over the backends' reports (backend id -> report or None)."""
+def standing(model: str, reports: Mapping[str, ReplicaReport | None], in_pool: bool | None = None) -> Verdict:
+    """Where ``model`` stands over the backends' reports (backend id -> report or None).
+
+    ``in_pool``: whether the pool's adapter set names it (None: the router does not read the set). An
+    adapter the set names but no report knows yet is loading, not missing: the sidecars learn of it
+    first, then report; a request for it holds rather than being told it does not exist, which is what
+    lets Ready (read from the reports) imply routable on every router."""
+    verdict = _reported(model, reports)
+    if verdict.standing == Standing.UNKNOWN and in_pool:
+        why = f"adapter {model!r} is in the pool's adapter set and not loaded on any replica yet"
+        return Verdict(Standing.LOADING, reason=why)
+    return verdict
+
+
+def _reported(model: str, reports: Mapping[str, ReplicaReport | None]) -> Verdict:
     loaded: list[str] = []
     loading = unloading = 0
     failures: list[str] = []
