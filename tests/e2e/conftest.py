@@ -3,7 +3,8 @@ the local control plane with KWOK nodes only.
 
 On a real cluster (kind via e2e/kind.sh, the suite's real node `lorapool_dev.cluster.node`, or any
 cluster with the images) the chart's operator pods run and the engine pods run the simulator
-image. On the KWOK-only control plane (LORAPOOL_E2E_NODE=kwok, or where a real node cannot run
+image. The suite's real node enforces NetworkPolicy (kube-network-policies, cluster/netpol.py)
+from before the chart is installed; on another cluster its CNI must (kind's kindnet does). On the KWOK-only control plane (LORAPOOL_E2E_NODE=kwok, or where a real node cannot run
 and CI is unset) KWOK fakes the pods, so the chart-installed operator is run here as a local
 process with the chart's own arguments and the chart's ServiceAccount token: exactly the
 chart's RBAC.
@@ -77,6 +78,8 @@ def e2e_target(request: pytest.FixtureRequest) -> Iterator[Target]:
         return
     if _real_node_wanted():
         node: RealNode = request.getfixturevalue("real_node")
+        # Before the chart and the pool: the pool's sidecars load and report under the policy.
+        node.enforce_network_policy()
         yield Target(node.kubeconfig, None, str(binary("kubectl")), node)
         return
     local: LocalCluster = request.getfixturevalue("local_cluster")

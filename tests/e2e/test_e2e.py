@@ -23,12 +23,13 @@ from lorapool.api.models import DEFAULT_LORAPOOL_IMAGE
 from lorapool.api.vllm_versions import CPU_TIER
 from lorapool_dev.testing.adapter_server import manifests as adapter_server_manifests
 from lorapool_dev.testing.adapter_server import sources as adapter_sources
-from lorapool_dev.testing.peft import write_peft_adapter
+from lorapool_dev.testing.peft import base_module_shapes, write_peft_adapter
 from lorapool_dev.testing.processes import free_port, start_process
 from lorapool_dev.testing.scrape import metric_value, scrape
 from lorapool_dev.testing.wait import wait_until
 from tests.controller.conftest import OperatorProcess
 from tests.delivery.helm import CHART, helm
+from tests.e2e import policy_probes
 from tests.e2e.conftest import Target, built_image, keep
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -37,6 +38,7 @@ RELEASE = SYSTEM_NS = "lorapool-e2e"
 OPERATOR = f"{RELEASE}-operator"  # the release name contains the chart's: no "-lorapool" infix
 POOL_NS, POOL = "lorapool-e2e-pools", "e2e"
 BASE = "meta-llama/Meta-Llama-3-8B-Instruct"
+SHAPES = base_module_shapes(BASE)  # the base's shapes: the sidecars verify every adapter against them
 ADAPTERS = {"sql-coder": 16, "support-bot": 8}
 # Locally the chart's image is the one the operator tests pass to their operator: a session runs
 # both, and an operator watching every namespace then renders this pool's children identically.
@@ -191,7 +193,8 @@ def pool(
     else:
         root = tmp_path_factory.mktemp("adapters")
         sources = {
-            n: "file://" + str(write_peft_adapter(root / n, rank=r, base_model=BASE)) for n, r in ADAPTERS.items()
+            n: "file://" + str(write_peft_adapter(root / n, rank=r, base_model=BASE, module_shapes=SHAPES))
+            for n, r in ADAPTERS.items()
         }
     e2e_target.kubectl("apply", "-f", "-", input_text=yaml.safe_dump(pool_doc(sources, sim_image(e2e_target))))
     timeout = "600s" if e2e_target.real else "120s"
@@ -370,52 +373,110 @@ def test_router_answers_an_openai_request_for_an_adapter(e2e_target: Target, poo
         assert chat.choices[0].message.content
 
 
-# The suite's real node runs the CNI bridge plugin, which does not enforce NetworkPolicy. Tried:
-# kube-router's netpol controller (iptables + ipset) builds from the Go module proxy at v2.1.0
-# (newer tags are refused there, 403), but it needs the ipset tool and is not wired into the node yet.
-NO_POLICY_ENFORCER = (
-    "no NetworkPolicy enforcer runs on the suite's real node yet (bridge CNI; kube-router v2.1.0 builds"
-    " but needs ipset); tests/render/test_security.py judges the policy by labels"
-)
+# -- NetworkPolicy: the suite's real node enforces it (kube-network-policies), as kind's kindnet does --
 
-PROBE = """
-import sys, urllib.error, urllib.request
-req = urllib.request.Request("http://{ip}:8000/v1/load_lora_adapter", method="POST",
-    data=b'{{"lora_name": "evil", "lora_path": "/tmp"}}', headers={{"Content-Type": "application/json"}})
-try:
-    print("REACHED", urllib.request.urlopen(req, timeout=5).status)
-except urllib.error.HTTPError as exc:
-    print("REACHED", exc.code)
-except OSError as exc:
-    print("BLOCKED", exc)
-"""
+GATEWAY_NS = "lorapool-e2e-gateway"
+GATEWAY_LABELS = {"app.kubernetes.io/name": "e2e-gateway-data-plane"}
 
 
-def _probe(target: Target, name: str, ip: str, labels: dict[str, str]) -> str:
-    """What a pod with ``labels`` in the pool's namespace gets from an engine's runtime LoRA API."""
-    result = target.kubectl(
-        "run", name, "-n", POOL_NS, "--rm", "-i", "--restart=Never", f"--image={image(target)}",
-        "--image-pull-policy=IfNotPresent", "--labels=" + ",".join(f"{k}={v}" for k, v in labels.items()),
-        "--command", "--", "python", "-c", PROBE.format(ip=ip),
-        timeout_s=180,
-    )  # fmt: skip
-    return result.stdout
-
-
-def test_only_the_router_reaches_the_engines_lora_api(e2e_target: Target, pool: dict[str, Any]) -> None:
-    """The pool's NetworkPolicy (needs a CNI that enforces it: kind >= 0.24's kindnet does)."""
-    if not e2e_target.real:
-        pytest.skip("no CNI on the local control plane: tests/render/test_security.py judges the policy by labels")
-    if e2e_target.node is not None:
-        pytest.skip(NO_POLICY_ENFORCER)
+def _router_labels() -> dict[str, str]:
     from lorapool.render import names
 
-    ip = e2e_target.kubectl(
-        "get", "pods", "-n", POOL_NS, "-l", names.selector_string(POOL, "engine"),
-        "-o", "jsonpath={.items[0].status.podIP}",
-    ).stdout.strip()  # fmt: skip
-    assert ip
-    assert "BLOCKED" in _probe(e2e_target, "lora-probe-other", ip, {"app": "someone-else"})
-    # The same probe wearing the router's labels is let through: the block above is the policy's.
-    assert "REACHED" in _probe(e2e_target, "lora-probe-router", ip, names.selector(POOL, "router"))
+    return names.selector(POOL, "router")
+
+
+OUTSIDER = policy_probes.ProbePod(POOL_NS, "probe-outsider", {"app": "someone-else"})
+ROUTER_LOOKALIKE = policy_probes.ProbePod(POOL_NS, "probe-router", _router_labels())
+FOREIGN_ROUTER = policy_probes.ProbePod(GATEWAY_NS, "probe-foreign-router", _router_labels())  # another namespace
+GATEWAY = policy_probes.ProbePod(GATEWAY_NS, "probe-gateway", GATEWAY_LABELS)
+PROBES = (OUTSIDER, ROUTER_LOOKALIKE, FOREIGN_ROUTER, GATEWAY)
+
+
+@pytest.fixture(scope="module")
+def probes(e2e_target: Target, pool: dict[str, Any]) -> Iterator[None]:
+    """Idle pods with chosen labels, started together once (never Ready: none joins a Service)."""
+    if not e2e_target.real:
+        pytest.skip("no CNI on the local control plane: tests/render/test_security.py judges the policy by labels")
+    policy_probes.start(e2e_target.kubectl, PROBES, image(e2e_target))
+    yield
+    if not keep():
+        policy_probes.delete(e2e_target.kubectl, PROBES)
+        e2e_target.kubectl("delete", "namespace", GATEWAY_NS, "--wait=false", check=False)
+
+
+def _ips(target: Target, component: str) -> list[str]:
+    from lorapool.render import names
+
+    prefix = f"{names.engine(POOL) if component == 'engine' else names.router(POOL)}-"
+    return policy_probes.pod_ips(target.kubectl, POOL_NS, names.selector_string(POOL, component), prefix)
+
+
+def test_only_the_router_reaches_the_engines_lora_api(e2e_target: Target, pool: dict[str, Any], probes: None) -> None:
+    """The pool's NetworkPolicy: another pod of the namespace, and a pod wearing the router's labels
+    in another namespace, are refused at an engine's port 8000; a pod wearing them in the pool's
+    namespace is let through (so the refusals are the policy's), and the router still serves."""
+    (ip, *_) = _ips(e2e_target, "engine")
+    assert policy_probes.load_lora(e2e_target.kubectl, OUTSIDER, ip).startswith("TIMEOUT")
+    assert policy_probes.load_lora(e2e_target.kubectl, FOREIGN_ROUTER, ip).startswith("TIMEOUT")
+    assert policy_probes.load_lora(e2e_target.kubectl, ROUTER_LOOKALIKE, ip).startswith("REACHED")
     test_router_answers_an_openai_request_for_an_adapter(e2e_target, pool)  # and the router still serves
+
+
+def test_the_sidecars_load_and_report_under_the_policy(e2e_target: Target, pool: dict[str, Any], probes: None) -> None:
+    """The sidecar calls its own engine over localhost, which no NetworkPolicy filters, and reports
+    through the API server: under enforcement (on since before the chart) every adapter is loaded
+    on both replicas and the kubelet's probes pass. Its status port stays closed to other pods
+    (only metricsNamespace is admitted there), the router's lookalike included."""
+    from lorapool.render import names
+    from lorapool_dev.cluster import netpol
+
+    if e2e_target.node is not None:
+        assert netpol.enforcing(e2e_target.node.netns)
+
+    def loaded() -> dict[str, int] | None:
+        got = json.loads(e2e_target.kubectl("get", POOLS, POOL, "-n", POOL_NS, "-o", "json").stdout)
+        seen = {a["name"]: a.get("loadedReplicas") for a in got["status"].get("adapters", [])}
+        return seen if seen == dict.fromkeys(ADAPTERS, 2) else None
+
+    wait_until("every adapter loaded on both replicas", loaded, 60)
+    ips = _ips(e2e_target, "engine")
+    assert len(ips) == 2, "both engine pods Ready: the kubelet's probes of engine and sidecar pass"
+    for probe in (OUTSIDER, ROUTER_LOOKALIKE):
+        assert policy_probes.connect(e2e_target.kubectl, probe, ips[0], names.SIDECAR_STATUS_PORT) == "TIMEOUT"
+
+
+def test_the_pickers_grpc_port_admits_only_the_gateways_data_plane(
+    e2e_target: Target, pool: dict[str, Any], probes: None
+) -> None:
+    """With the gateway door (`both`: the HTTP door stays), spec.router.gateway's namespace and pod
+    labels reach the picker's gRPC port and the engines; the router's lookalike, another pod of the
+    gateway's namespace and one of the pool's are refused at the picker. Last: it rolls the routers."""
+    from lorapool.render import names
+
+    gateway = {"frontDoor": "both", "gateway": {"namespace": GATEWAY_NS, "podLabels": GATEWAY_LABELS}}
+    patch = json.dumps({"spec": {"router": gateway}})
+    e2e_target.kubectl("patch", POOLS, POOL, "-n", POOL_NS, "--type=merge", "-p", patch)
+    try:
+        policy = names.router_network_policy(POOL)
+        wait_until("the router NetworkPolicy", lambda: get(e2e_target, "networkpolicy", policy), 60)
+        deployment = f"deployment/{names.router(POOL)}"
+        e2e_target.kubectl("rollout", "status", deployment, "-n", POOL_NS, "--timeout=120s", timeout_s=130)
+        seen: list[tuple[str, str]] = []  # (router pod IP, what the gateway's pod got there)
+
+        def admitted() -> str | None:
+            (ip, *_) = _ips(e2e_target, "router") or ["(no Ready router pod)"]
+            seen.append((ip, policy_probes.connect(e2e_target.kubectl, GATEWAY, ip, names.EXT_PROC_PORT)))
+            return ip if seen[-1][1] == "REACHED" else None
+
+        def describe() -> str:
+            pods = e2e_target.kubectl("get", "pods", "-n", POOL_NS, "-o", "wide", check=False).stdout
+            return f"probes from {GATEWAY.name}: {seen[-3:]}\n{pods}\n{get(e2e_target, 'networkpolicy', policy)}"
+
+        ip = wait_until("the gateway's pod reaches the picker", admitted, 60, describe=describe)
+        for probe in (ROUTER_LOOKALIKE, FOREIGN_ROUTER, OUTSIDER):
+            assert policy_probes.connect(e2e_target.kubectl, probe, ip, names.EXT_PROC_PORT) == "TIMEOUT", probe
+        (engine_ip, *_) = _ips(e2e_target, "engine")
+        assert policy_probes.connect(e2e_target.kubectl, GATEWAY, engine_ip, names.ENGINE_PORT) == "REACHED"
+    finally:
+        back = json.dumps({"spec": {"router": {"frontDoor": "router", "gateway": None}}})
+        e2e_target.kubectl("patch", POOLS, POOL, "-n", POOL_NS, "--type=merge", "-p", back, check=False)

@@ -23,6 +23,7 @@ Measured on the 2-core development machine (Go 1.26.8, empty module and build ca
     kubectl                     66 s
     kwok                       257 s   (its own k8s.io/* v0.36.1 dependencies)
     helm                       274 s
+    kube-network-policies      552 s   (the node tier's NetworkPolicy enforcer; its own k8s.io/* v0.32.3; measured at load 7-10, ~206 s CPU)
     total (cold)              1426 s   (23 min 47 s wall)
     Go caches warm, empty $LORAPOOL_CACHE   107 s   (mostly linking)
     warm check (all cached)    0.3 s   (no `go` process)

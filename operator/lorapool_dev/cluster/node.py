@@ -25,7 +25,9 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -35,10 +37,10 @@ import yaml
 
 from lorapool.cache import cache_root
 from lorapool_dev import gotool
-from lorapool_dev.cluster import build, netns, node_config, pki
+from lorapool_dev.cluster import build, netns, netpol, node_config, pki
 from lorapool_dev.cluster.health import http_ok
 from lorapool_dev.cluster.manifests import DEFAULT_NODES, KWOK_ANNOTATION, FakeNode, kubeconfig
-from lorapool_dev.cluster.node_config import NODE_IP, NODE_NAME, NodeLayout, RunNames
+from lorapool_dev.cluster.node_config import NODE_IP, NODE_NAME, POD_SUBNET, NodeLayout, RunNames
 from lorapool_dev.cluster.runtime import ClusterError, LocalCluster
 from lorapool_dev.cluster.versions import CNI_PLUGINS, COMPONENTS, binary
 from lorapool_dev.testing.wait import WaitTimeout, wait_until
@@ -63,7 +65,7 @@ def missing_prerequisites() -> list[str]:
     tools = [t for t in HOST_TOOLS if shutil.which(t) is None]
     if tools:
         problems.append(f"{', '.join(tools)} not on PATH (apt-get install containerd runc iproute2 iptables)")
-    names = {c.name for c in COMPONENTS} - {"helm"}
+    names = {c.name for c in COMPONENTS} - {"helm", netpol.NAME}  # the enforcer: built when asked for
     unbuilt = build.missing(cache_root(), sorted(names))
     if unbuilt:
         problems.append(f"{', '.join(c.key for c in unbuilt)} not built (run `lorapool cluster build`)")
@@ -228,24 +230,16 @@ class RealNode:
     @contextlib.contextmanager
     def port_forward(self, target: str, port: int, namespace: str = "default") -> Iterator[str]:
         """`kubectl port-forward` from the root namespace (through the API server and the
-        kubelet's streaming, as a user's would); yields http://127.0.0.1:<local port>."""
-        cmd = [str(binary("kubectl")), f"--kubeconfig={self.kubeconfig}", "-n", namespace]
-        cmd += ["port-forward", "--address=127.0.0.1", target, f":{port}"]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        kubelet's streaming, as a user's would); yields http://127.0.0.1:<local port>.
+
+        A port-forward to a Service is bound to one of its pods and exits when that pod goes (a
+        router restart, a roll): it is started again on the same local port while the context
+        lasts, so the front door outlives the pod behind it."""
+        forward = _Forward(self.kubeconfig, target, port, namespace)
         try:
-            assert proc.stdout is not None
-            line = proc.stdout.readline()  # "Forwarding from 127.0.0.1:NNNNN -> PORT"; EOF if it failed
-            if not line.startswith("Forwarding from 127.0.0.1:"):
-                proc.kill()
-                raise NodeError(f"kubectl port-forward {target} :{port} failed: {line}{proc.communicate()[1]}")
-            yield f"http://127.0.0.1:{line.split(':', 2)[1].split()[0]}"
+            yield f"http://127.0.0.1:{forward.start()}"
         finally:
-            proc.terminate()
-            try:
-                proc.communicate(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.communicate()
+            forward.stop()
 
     # -- starting --------------------------------------------------------------------------
 
@@ -401,16 +395,47 @@ class RealNode:
 
         self._wait("kube-proxy healthy", healthy, 60)
 
+    def enforce_network_policy(self) -> None:
+        """Start kube-network-policies (cluster/netpol.py) on the running node, once: from then on
+        every NetworkPolicy is enforced here. Not at start: only the tiers that test policies ask."""
+        if (running := self._procs.get(netpol.NAME)) is not None and running.poll() is None:
+            return
+        self.stop_network_policy()  # a dead one's table goes first
+        ca, server = self.cluster.layout.cert("ca"), self.cluster.server
+        argv = netpol.prepare(self.netns, self.kubectl, self.layout.root / "netpol", ca, server, NODE_NAME, POD_SUBNET)
+        proc = self._spawn(netpol.NAME, argv)
+        self._wait(f"{netpol.NAME} enforcing pid={proc.pid}", lambda: netpol.enforcing(self.netns), 90)
+
+    def stop_network_policy(self) -> None:
+        """Stop enforcing: end kube-network-policies; its nftables table and our iptables diversion go too."""
+        if (proc := self._procs.pop(netpol.NAME, None)) is not None:
+            netpol.stop(proc)
+            log.info("Stopped %s pid=%d", netpol.NAME, proc.pid)
+        netpol.remove_diversion(self.netns)
+        if netpol.remove_table(self.netns):
+            log.warning("Removed nftables table table=inet %s reason=%s", netpol.TABLE, "left by the enforcer")
+
     def _taint_fake_nodes(self) -> None:
         taint = node_config.FAKE_NODE_TAINT
         spec = f"{taint['key']}={taint['value']}:{taint['effect']}"
         self.kubectl("taint", "nodes", "-l", "type=kwok", spec, "--overwrite")
         log.info("Tainted KWOK nodes taint=%s annotation=%s", spec, KWOK_ANNOTATION)
 
+    # -- faults (tests/node/test_faults_real.py) ---------------------------------------------
+
+    def stop_kubelet(self) -> None:
+        """Stop the kubelet alone (its pods keep running), as a crashed or upgrading kubelet does."""
+        self._terminate("kubelet")
+
+    def start_kubelet(self) -> None:
+        """Start the kubelet again; returns once the node is Ready with its GPUs advertised."""
+        self._start_kubelet()
+
     # -- stopping --------------------------------------------------------------------------
 
     def stop(self, keep_logs: bool = False) -> None:
         """End everything the node runs and remove what it made; idempotent."""
+        self.stop_network_policy()
         for name in ("kube-proxy", "kubelet"):
             self._terminate(name)
         if (proc := self._procs.get("containerd")) is not None and proc.poll() is None:
@@ -482,3 +507,68 @@ class RealNode:
 def real_node(run_dir: Path, images: Sequence[Path] = (), **kwargs: Any) -> Iterator[RealNode]:
     with RealNode(run_dir, images, **kwargs) as node:
         yield node
+
+
+class _Forward:
+    """One supervised `kubectl port-forward`: started again on its local port whenever it exits."""
+
+    RESTART_PAUSE_S = 0.5  # between a forward's exit and its restart (the Service's next pod may be starting)
+
+    def __init__(self, kubeconfig: Path, target: str, port: int, namespace: str) -> None:
+        self.argv = [str(binary("kubectl")), f"--kubeconfig={kubeconfig}", "-n", namespace, "port-forward"]
+        self.argv += ["--address=127.0.0.1", target]
+        self.target, self.port = target, port
+        self.local = 0  # chosen by the first forward, kept by the next ones
+        self.restarts = 0
+        self._proc: subprocess.Popen[str] | None = None
+        self._stopping = threading.Event()
+        self._supervisor = threading.Thread(target=self._supervise, name=f"port-forward {target}", daemon=True)
+
+    def start(self) -> int:
+        self._proc = self._open()
+        self._supervisor.start()
+        return self.local
+
+    def _open(self) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [*self.argv, f"{self.local or ''}:{self.port}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # "Forwarding from 127.0.0.1:NNNNN -> PORT"; EOF if it failed
+        if not line.startswith("Forwarding from 127.0.0.1:"):
+            proc.kill()
+            raise NodeError(f"kubectl port-forward {self.target} :{self.port} failed: {line}{proc.communicate()[1]}")
+        self.local = int(line.split(":", 2)[1].split()[0])
+        # kubectl writes a line per connection: read them, or a full pipe stalls the forward.
+        lines = proc.stdout
+        threading.Thread(target=deque, args=(lines, 0), name="port-forward output", daemon=True).start()
+        return proc
+
+    def _supervise(self) -> None:
+        while not self._stopping.is_set():
+            assert self._proc is not None
+            self._proc.wait()
+            while not self._stopping.wait(self.RESTART_PAUSE_S):
+                try:
+                    self._proc = self._open()
+                except NodeError:
+                    continue  # no ready pod behind the Service yet: try again
+                self.restarts += 1
+                break
+
+    def stop(self) -> None:
+        self._stopping.set()
+        _end(self._proc)  # the supervisor wakes from its wait and sees the stop
+        self._supervisor.join(15)
+        _end(self._proc)  # one it opened while the stop came
+
+
+def _end(proc: subprocess.Popen[str] | None) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()

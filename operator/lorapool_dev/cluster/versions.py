@@ -22,6 +22,9 @@ HELM_VERSION = "v3.22.0"
 # network is made of. cri-tools tracks Kubernetes minors; 1.37's go.mod needs Go 1.26.6.
 CRI_TOOLS_VERSION = "v1.37.0"
 CNI_PLUGINS_VERSION = "v1.9.1"
+# SIG Network's NetworkPolicy enforcer (kind's): nftables + nfqueue over netlink, run by the real
+# node only when NetworkPolicy enforcement is wanted (cluster/netpol.py).
+NETPOL_VERSION = "v0.8.0"
 # The CNI plugins the node's network config names (bridge + host-local IPAM, loopback,
 # portmap for hostPort); each is its own binary, installed side by side into one CNI bin dir.
 CNI_PLUGINS = {
@@ -123,6 +126,14 @@ COMPONENTS: tuple[Component, ...] = (
             package=f"github.com/containernetworking/plugins/plugins/{path}",
         )
         for name, path in CNI_PLUGINS.items()
+    ),
+    # Its main package is `cmd`, which `go install` would name `cmd`: a wrapper build names it.
+    Component(
+        name="kube-network-policies",
+        version=NETPOL_VERSION,
+        module="sigs.k8s.io/kube-network-policies",
+        package="sigs.k8s.io/kube-network-policies/cmd",
+        wrapper=True,
     ),
 )
 
