@@ -117,3 +117,22 @@ def test_no_knobs_keep_the_ones_in_force() -> None:
     scheduler.set_policy(registry.build("least-loaded"))
     assert scheduler.knobs == knobs and scheduler.fairness is counter
     assert scheduler.backends()[0].view().capacity == 3
+
+
+def test_an_engines_404_for_an_adapter_the_pool_has_is_retried_not_passed_on() -> None:
+    """During a roll an engine can answer 404 for an adapter its report (or /v1/models) said it held:
+    with the pool's adapter set read, that 404 is the router's to absorb (retry, then hold or 503);
+    without the set, or for a name the pool lacks, it is the client's answer, as before."""
+
+    async def scenario() -> None:
+        scheduler = pool()
+        lease = await scheduler.acquire(scheduler.request_for("a"))
+        assert lease.req.in_pool is None and not scheduler.model_missing(lease)  # no set: passed on
+        scheduler.set_desired(frozenset({"b"}))
+        lease = await scheduler.acquire(scheduler.request_for("b"))
+        assert lease.req.in_pool is True and scheduler.model_missing(lease)  # the pool has it: retried
+        scheduler.release(lease)
+        lease = await scheduler.acquire(scheduler.request_for("c"))
+        assert lease.req.in_pool is False and not scheduler.model_missing(lease)  # not the pool's: a 404
+
+    asyncio.run(scenario())

@@ -71,7 +71,8 @@ def test_misfits_end_failed_with_the_reason_and_never_reach_the_engine(
 def test_without_a_base_shape_an_adapter_for_another_shape_is_served(
     tmp_path: Path, sim: RunningProcess, engine_port: int
 ) -> None:
-    """No LORAPOOL_BASE_SHAPE (a base of unknown dims): config and weights only."""
+    """No LORAPOOL_BASE_SHAPE (a base of unknown dims): config and weights only. Module names are not
+    judged either (the base's layout is unknown): another prefix is vLLM's to take, and it does."""
     assert "LORAPOOL_BASE_SHAPE" not in os.environ
     other = write_misfit_adapter(
         tmp_path / "other",
@@ -94,7 +95,7 @@ def test_without_a_base_shape_an_adapter_for_another_shape_is_served(
     sidecar = start_sidecar(config.path, engine_port, tmp_path / "adapters")
     try:
         sidecar.wait_phase("other", "Loaded")
-        assert "vllm#34186" in sidecar.wait_phase("p", "Failed")["error"]
+        sidecar.wait_phase("p", "Loaded")
     finally:
         sidecar.proc.close()
 

@@ -270,11 +270,15 @@ class Scheduler:
             self.scheduling.reset(state.id)  # an engine that comes back may be a new one
 
     def model_missing(self, lease: Lease) -> bool:
-        """The lease's backend answered 404 for its model: forget the model there; True when
-        another backend that is up still lists it (our view was stale: retry elsewhere)."""
+        """The lease's backend answered 404 for its model: forget the model there; True when the 404
+        is not the client's to see: another backend that is up still lists it (our view was stale), or
+        the pool's adapter set names it (the engine is behind its report, e.g. a pod of a roll): retry,
+        and admission holds it or answers 503 with Retry-After, never "does not exist"."""
         model = lease.req.model
         if (state := self._own(lease.state)) is not None:
             state.forget_model(model)
+        if lease.req.in_pool:
+            return True
         return any(
             s.up and (models := s.served_models()) is not None and model in models
             for s in self._states.values()
