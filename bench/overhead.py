@@ -8,7 +8,8 @@ of the shared machine hits all of them. Capacity: the highest rate whose median 
 within 5 ms. The load generator is one Python process too: where it falls behind its own
 schedule (direct, > 1 % of sends late) the curve measures it, not the routers, and the report
 says so. Relay: streamed requests on a real-time replica; the first chunk's arrival (TTFT)
-directly vs through lorapool, nginx and Envoy with the lorapool picker. Envoy alone (round robin) and
+directly vs through lorapool, nginx and Envoy with the lorapool picker. The GIE endpoint picker
+(issue 47's peer) is on the curve, behind the same Envoy as ours. Envoy alone (round robin) and
 Envoy asking a policy-free ext_proc server (``bench.noop_ext_proc``) split the picker's cost into
 Envoy's, the ext_proc round trips' and the policy's.
 """
@@ -22,7 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from bench.loadgen import Workload, percentile, run_open_loop, schedule
-from bench.scenarios import ENVOY_ALONE, ENVOY_NOOP, ENVOY_PICKER, LORAPOOL_AFFINITY, lorapool_system
+from bench.scenarios import (
+    ENVOY_ALONE,
+    ENVOY_NOOP,
+    ENVOY_PICKER,
+    EPP_LORA_WEIGHT,
+    GIE_EPP_LORA,
+    LORAPOOL_AFFINITY,
+    lorapool_system,
+)
 from bench.systems import FleetSpec, System, sim_fleet
 from lorapool.api.common import RouterPolicy
 
@@ -40,6 +49,7 @@ SYSTEMS = (
     System(ENVOY_NOOP, "envoy-noop"),
     System(ENVOY_ALONE, "envoy"),
     System("vllm-router round_robin", "vllm-router", "round_robin"),
+    System(GIE_EPP_LORA, "gie-epp", f"{EPP_LORA_WEIGHT:g}"),  # issue 47: the peer behind the same Envoy
 )
 RELAY_SYSTEMS = SYSTEMS[:6]
 
@@ -57,11 +67,13 @@ def _stats(outcomes: list[Any], late: int) -> dict[str, Any]:
     }
 
 
-def _curve(system: System, fleet: FleetSpec, adapter_root: Path) -> dict[str, dict[str, Any]]:
+def _curve(
+    system: System, fleet: FleetSpec, adapter_root: Path, rates: tuple[float, ...] = RATES_RPS
+) -> dict[str, dict[str, Any]]:
     """Every rate, low to high, on one fresh replica and one fresh router."""
     out = {}
     with sim_fleet(fleet, adapter_root) as sims, system.start(sims) as url:
-        for rate in RATES_RPS:
+        for rate in rates:
             work = Workload(
                 rate_rps=rate,
                 duration_s=DURATION_S,
@@ -111,18 +123,23 @@ def _summary(runs: list[dict[str, Any]], direct: list[dict[str, Any]]) -> dict[s
     }
 
 
-def run_overhead(adapter_root: Path) -> dict[str, Any]:
+def run_overhead(
+    adapter_root: Path,
+    systems: tuple[System, ...] = SYSTEMS,
+    relay_systems: tuple[System, ...] = RELAY_SYSTEMS,
+    rates_rps: tuple[float, ...] = RATES_RPS,
+) -> dict[str, Any]:
     """The capacity curve (every system, every rate, REPEATS times) and the relay delay."""
     fast = FleetSpec(replicas=1, adapters=4, max_loras=4, max_cpu_loras=4, time_scale=0)
-    curves: dict[str, list[dict[str, dict[str, Any]]]] = {s.name: [] for s in SYSTEMS}
-    relays: dict[str, list[dict[str, Any]]] = {s.name: [] for s in RELAY_SYSTEMS}
+    curves: dict[str, list[dict[str, dict[str, Any]]]] = {s.name: [] for s in systems}
+    relays: dict[str, list[dict[str, Any]]] = {s.name: [] for s in relay_systems}
     for _ in range(REPEATS):
-        for system in SYSTEMS:
-            curves[system.name].append(_curve(system, fast, adapter_root))
-        for system in RELAY_SYSTEMS:
+        for system in systems:
+            curves[system.name].append(_curve(system, fast, adapter_root, rates_rps))
+        for system in relay_systems:
             relays[system.name].append(_relay(system, adapter_root))
     rates: dict[str, dict[str, Any]] = {}
-    for rate in (f"{r:g}" for r in RATES_RPS):
+    for rate in (f"{r:g}" for r in rates_rps):
         direct = [c[rate] for c in curves["direct"]]
         rates[rate] = {name: _summary([c[rate] for c in runs], direct) for name, runs in curves.items()}
     behind = [float(r) for r, s in rates.items() if s["direct"]["late_pct"] > LATE_LIMIT_PCT]
@@ -142,3 +159,12 @@ def run_overhead(adapter_root: Path) -> dict[str, Any]:
         "relay": relay,
         "loadavg_1m": os.getloadavg()[0],
     }
+
+
+def run_peer_overhead(adapter_root: Path) -> dict[str, Any]:
+    """Issue 47: direct, our picker and the GIE EPP interleaved in one run at 100 and 500 req/s (the
+    relay beside lorapool affinity, which the relay summary needs), for the ``peer:`` targets."""
+    names = ("direct", ENVOY_PICKER, GIE_EPP_LORA)
+    systems = tuple(s for s in SYSTEMS if s.name in names)
+    relay = (SYSTEMS[0], lorapool_system(RouterPolicy.AFFINITY))
+    return run_overhead(adapter_root, systems, relay, (100.0, 500.0))

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from bench import chaos, large_catalog_report, real_engine, real_engine_fair
+from bench import chaos, large_catalog_report, peer_report, real_engine, real_engine_fair
 from bench import sizing as sizing_cell
 from bench.formatting import fmt as _f
 from bench.results import across, runs_by_scenario
@@ -247,6 +247,7 @@ def render(
     real_engine_section: list[str] | None = None,
     chaos_data: dict[str, Any] | None = None,
     sizing_data: dict[str, Any] | None = None,
+    results_dir: Path | None = None,
 ) -> str:
     """The whole of RESULTS.md for ``data``; ``plots_dir`` is the plots' path relative to it.
 
@@ -281,9 +282,25 @@ def render(
     lines += sizing_cell.section(data["sizing"])
     lines += chaos.section(chaos_data, plots_dir)
     lines += large_catalog_report.section(data, plots_dir)
+    lines += peer_report.section(data)
+    lines += scale_section(results_dir or committed)
     lines += ["## Plots", ""] + [f"![{f}]({plots_dir}/{f})" for f in PLOTS] + [""]
     lines += [METHOD.read_text().rstrip("\n"), ""]
     return "\n".join(lines)
+
+
+def scale_section(results_dir: Path) -> list[str]:
+    """Issue 44's catalogue-scale section, from its own files (``results_dir/scale-*.json``, written by
+    ``bench/scale.py``) through its own renderer, so regenerating RESULTS.md keeps it."""
+    import json
+
+    files = sorted(results_dir.glob("scale-*.json"))
+    if not files:
+        return []
+    from bench import scale_report
+
+    body = scale_report.section([json.loads(f.read_text()) for f in files])
+    return ["## Catalogue scale (issue 44, `python -m bench.scale`)", "", body.rstrip("\n"), ""]
 
 
 # The bar charts ``plot`` draws: the run's field, the y-axis label, the file and a log scale.
@@ -385,4 +402,4 @@ def write_report(data: dict[str, Any], out: Path, report: Path) -> None:
     large_catalog_report.plot(data, out)
     rel = out.relative_to(report.parent) if out.is_relative_to(report.parent) else out
     cells = real_engine_cells(out), chaos.load(out) or {}, sizing_cell.load(out) or {}
-    report.write_text(render(data, rel.as_posix(), *cells))
+    report.write_text(render(data, rel.as_posix(), *cells, results_dir=out))

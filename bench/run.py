@@ -9,6 +9,11 @@
     python bench/run.py --regime-b-seeds               # regime (b), 3 seeds x fair, affinity, oracle (bench/seeds.py), ~9 min
     python bench/run.py --large-catalog                # regime (e) (bench/large_catalog.py): 5 systems, ~19 min
     python bench/run.py --chaos                        # the chaos cell (bench/chaos.py): a replica killed, ~6 min
+    python bench/run.py --merge --skip-overhead --only a-uniform-poisson \
+        --systems "envoy + lorapool picker,gie epp (lora-affinity),gie epp (default)"   # issue 47's peer rows
+    python bench/run.py --peer-overhead                # our picker's and the GIE EPP's added latency, ~6 min
+    python bench/run.py --loadgen inference-perf --only a-uniform-poisson \
+        --systems "envoy + lorapool picker,gie epp (lora-affinity)"   # the same cells driven by inference-perf
 
 Every run starts fresh simulator replicas (cold caches, same seed), then one system in front
 of them, then replays the same seeded open-loop schedule. See RESULTS.md for the method.
@@ -37,7 +42,7 @@ from bench.chat import arrivals
 from bench.loadgen import RunResult, per_adapter, run_open_loop, summarize
 from bench.overhead import run_overhead
 from bench.report import write_report
-from bench.scenarios import SCENARIOS, SYSTEMS, Scenario
+from bench.scenarios import EXTRA_SYSTEMS, OUR_PICKER, SCENARIOS, SYSTEMS, Scenario
 from bench.systems import System, oracle_fleet, sim_fleet
 from lorapool.api.traffic import AdapterTraffic, Priority, TrafficPolicy
 
@@ -123,6 +128,42 @@ def run_one(scenario: Scenario, system: System, adapter_root: Path) -> dict[str,
     )
     if scenario.regime == "f":  # the noisy neighbour is judged adapter by adapter
         summary["per_adapter"] = per_adapter(result.outcomes, window_s=window, slo_ttft_s=scenario.slo_ttft_s)
+    return summary
+
+
+def run_one_inference_perf(scenario: Scenario, system: System, adapter_root: Path, report_dir: Path) -> dict[str, Any]:
+    """One system on one scenario driven by inference-perf, with fresh replicas; summarised as ``run_one``'s
+    cells are (adapter loads here count the whole run, warm-up included: its start is inference-perf's)."""
+    from bench import inference_perf
+    from bench.systems import base_model
+
+    inference_perf.check(scenario.workload)  # before any process starts
+    scale = scenario.fleet.time_scale
+    started = time.monotonic()
+    system = with_priorities(system, scenario, adapter_root)
+    with (
+        sim_fleet(scenario.fleet, adapter_root) as sims,
+        system.start(sims, max_cpu_loras=scenario.fleet.max_cpu_loras, time_scale=scale) as url,
+    ):
+        before = scrape_sims(sims)
+        outs = inference_perf.run_cell(
+            scenario.workload, url=url, model=base_model(sims[0]), report_dir=report_dir, time_scale=scale
+        )
+        after = scrape_sims(sims)
+    kept = inference_perf.within(outs, scenario.warmup_s)
+    window = scenario.workload.duration_s - scenario.warmup_s
+    summary = summarize(RunResult(outcomes=kept), window_s=window, slo_ttft_s=scenario.slo_ttft_s)
+    loads = after.get("cpu", 0.0) + after.get("disk", 0.0) - before.get("cpu", 0.0) - before.get("disk", 0.0)
+    summary.update(
+        scenario=scenario.name,
+        system=system.name,
+        loadgen=inference_perf.NAME,
+        loadgen_version=inference_perf.VERSION,
+        stalls_per_1k=1000.0 * loads / max(1, len(outs)),
+        disk_loads_per_1k=1000.0 * (after.get("disk", 0.0) - before.get("disk", 0.0)) / max(1, len(outs)),
+        report_dir=str(report_dir),
+        wall_s=time.monotonic() - started,
+    )
     return summary
 
 
@@ -212,15 +253,36 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--sizing", action="store_true", help="measure only the max-loras sizing cell (sizing.json)")
     parser.add_argument("--chaos", action="store_true", help="measure only the chaos cell (chaos.json)")
+    parser.add_argument(
+        "--peer-overhead",
+        action="store_true",
+        help="measure only our picker's and the GIE EPP's added latency side by side (results.json peer_overhead)",
+    )
+    parser.add_argument(
+        "--loadgen",
+        choices=("ours", "inference-perf"),
+        default="ours",
+        help="inference-perf: drive the chosen cells with kubernetes-sigs/inference-perf (bench/inference_perf.py),"
+        " recorded in results.json under inference_perf",
+    )
     return parser
 
 
 def _measure_separate_cell(
     args: argparse.Namespace, out: Path, adapter_root: Path, stamp: dict[str, str]
 ) -> dict[str, Any] | None:
-    """The cell a mode flag names (first of --large-catalog, --real-engine, --regime-b-seeds,
-    --real-engine-fair, --chaos, --sizing), measured into OUT by its own module; the results to
+    """The cell a mode flag names (first of --loadgen inference-perf, --large-catalog, --real-engine,
+    --regime-b-seeds, --real-engine-fair, --chaos, --sizing), measured into OUT by its own module; the results to
     report, or None when no such flag was given."""
+    if args.loadgen == "inference-perf":
+        return _measure_inference_perf(args, out, adapter_root, stamp)
+    if args.peer_overhead:
+        from bench.overhead import run_peer_overhead
+
+        data = results.load(out, stamp)
+        data["peer_overhead"] = {**run_peer_overhead(adapter_root), **stamp}
+        results.save(out, data)
+        return data
     if args.large_catalog:
         from bench import large_catalog
 
@@ -252,6 +314,34 @@ def _measure_separate_cell(
     return None
 
 
+def _measure_inference_perf(
+    args: argparse.Namespace, out: Path, adapter_root: Path, stamp: dict[str, str]
+) -> dict[str, Any]:
+    """--loadgen inference-perf: the chosen cells driven by inference-perf, folded into OUT's results.json
+    under ``inference_perf`` (a cell measured again replaces its old one); its reports in OUT/inference-perf/."""
+    scenarios = [s for s in SCENARIOS if not args.only or s.name in args.only.split(",")]
+    chosen = args.systems.split(",")
+    systems = [s for s in (*SYSTEMS, *EXTRA_SYSTEMS) if s.name in chosen] if args.systems else list(SYSTEMS)
+    data = results.load(out, stamp)
+    fresh: dict[str, Any] = {**stamp, "scenarios": [describe(s) for s in scenarios], "runs": []}
+    for scenario, system in cells(scenarios, systems, systems_chosen=bool(args.systems)):
+        report_dir = out / "inference-perf" / scenario.name / system.name.replace(" ", "_").replace("/", "_")
+        try:
+            summary = run_one_inference_perf(scenario, system, adapter_root, report_dir)
+            summary["report_dir"] = str(report_dir.relative_to(out))
+        except Exception as exc:
+            summary = {"scenario": scenario.name, "system": system.name, "error": repr(exc)[:500]}
+        summary.update(date=stamp["date"], command=stamp["command"], loadgen="inference-perf")
+        print(json.dumps({k: v for k, v in summary.items() if k != "ttfts"}, default=str), flush=True)
+        fresh["runs"].append(summary)
+    section = data.setdefault("inference_perf", {"runs": []})
+    section["runs"] = results.merge({**stamp, "scenarios": [], "runs": section["runs"]}, fresh, stamp)["runs"]
+    known = {s["name"] for s in data["scenarios"]}
+    data["scenarios"] += [s for s in fresh["scenarios"] if s["name"] not in known]
+    results.save(out, data)
+    return data
+
+
 def _refresh_overhead(results_path: Path, adapter_root: Path, stamp: dict[str, str]) -> dict[str, Any]:
     """--overhead-only over an existing results.json: measure the overhead section again, keep every cell."""
     data = json.loads(results_path.read_text())
@@ -265,7 +355,8 @@ def _measure_matrix(args: argparse.Namespace, out: Path, adapter_root: Path, sta
     --skip-overhead); with --merge, folded into OUT's results.json. The results to save."""
     results_path = results.path(out)
     scenarios = [s for s in SCENARIOS if not args.only or s.name in args.only.split(",")]
-    systems = [s for s in SYSTEMS if not args.systems or s.name in args.systems.split(",")]
+    chosen = args.systems.split(",")
+    systems = [s for s in (*SYSTEMS, *EXTRA_SYSTEMS) if s.name in chosen] if args.systems else list(SYSTEMS)
     previous = json.loads(results_path.read_text()) if args.merge and results_path.exists() else None
     data: dict[str, Any] = {
         **stamp,
@@ -289,6 +380,10 @@ def _measure_matrix(args: argparse.Namespace, out: Path, adapter_root: Path, sta
     return data
 
 
+# Our picker in a regime's own best config runs only where that regime names it (its ``systems``).
+REGIME_ONLY = frozenset(OUR_PICKER.values())
+
+
 def cells(scenarios: list[Scenario], systems: list[System], *, systems_chosen: bool) -> list[tuple[Scenario, System]]:
     """The (scenario, system) pairs to measure, in order: a regime's own comparison set
     (``Scenario.systems``) applies unless --systems chose the systems. Pure."""
@@ -296,7 +391,7 @@ def cells(scenarios: list[Scenario], systems: list[System], *, systems_chosen: b
         (scenario, system)
         for scenario in scenarios
         for system in systems
-        if systems_chosen or not scenario.systems or system.name in scenario.systems
+        if systems_chosen or (system.name in scenario.systems if scenario.systems else system.name not in REGIME_ONLY)
     ]
 
 

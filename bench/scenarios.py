@@ -62,6 +62,9 @@ def _work(adapters: int, rate: float, **kw: object) -> Workload:
 # 60 req/s more for a second), and one critical adapter has its 0.5 s TTFT SLO. The other
 # arrivals are the same in both runs (loadgen.flood_schedule), so each adapter's p99 with and
 # without the flood compare request for request.
+# Issue 47's rows in (f) and (g): the EPP's two configs and our picker in that regime's best config.
+F_PEERS = ("envoy + lorapool picker (fair)", "gie epp (lora-affinity)", "gie epp (default)")
+G_PEERS = ("envoy + lorapool picker + prefix", "gie epp (lora-affinity)", "gie epp (default)")
 F_ADAPTERS = 16
 F_CRITICAL = adapter_name(0)
 F_FLOOD = adapter_name(1)
@@ -148,7 +151,7 @@ SCENARIOS: tuple[Scenario, ...] = (
             _fleet(F_ADAPTERS, F_ADAPTERS),
             _f_work(flood),
             priorities=((F_CRITICAL, "critical"),),
-            systems=(LORAPOOL_FAIR, LORAPOOL_AFFINITY, LORAPOOL_ROUND_ROBIN, CONSISTENT_HASH),
+            systems=(LORAPOOL_FAIR, LORAPOOL_AFFINITY, LORAPOOL_ROUND_ROBIN, CONSISTENT_HASH, *F_PEERS),
         )
         for name, flood, about in (
             (
@@ -165,7 +168,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "32 adapters, Zipf 1.0, chat: 6-turn sessions 2 s apart after a ~900-token system prompt, 24 req/s",
         _fleet(32, 32),
         _work(32, 24.0, popularity="zipf", duration_s=30.0, seed=13, **G_WORK),
-        systems=(LORAPOOL_PREFIX, LORAPOOL_AFFINITY, CACHE_AWARE, LORAPOOL_ROUND_ROBIN),
+        systems=(LORAPOOL_PREFIX, LORAPOOL_AFFINITY, CACHE_AWARE, LORAPOOL_ROUND_ROBIN, *G_PEERS),
     ),
 )
 
@@ -186,25 +189,45 @@ ENVOY_PICKER = "envoy + lorapool picker"
 # that picks without a policy (bench/noop_ext_proc.py).
 ENVOY_ALONE = "envoy round-robin"
 ENVOY_NOOP = "envoy + no-op ext_proc"
+# Issue 47: the GIE endpoint picker v1.5.0 (lorapool_dev/peer.py) behind the same Envoy, a peer rather
+# than a baseline: its built-in default config (queue 2, kv-cache 2, prefix 3; no LoRA scorer) and
+# that config plus its lora-affinity-scorer, whose weight (none is recommended) came from a sweep on
+# regime (a) (bench/NOTES.md, "The GIE endpoint picker"). Our side of the comparison runs the picker
+# in each regime's best documented config: fair dispatch in (f), the prefix scorer in (g).
+GIE_EPP_LORA = "gie epp (lora-affinity)"
+GIE_EPP_DEFAULT = "gie epp (default)"
+EPP_LORA_WEIGHT = 3.0
+EPP_SWEEP_WEIGHTS = (1.0, 3.0, 10.0)
+ENVOY_PICKER_FAIR = "envoy + lorapool picker (fair)"
+ENVOY_PICKER_PREFIX = "envoy + lorapool picker + prefix"
+GIE_EPPS = (GIE_EPP_LORA, GIE_EPP_DEFAULT)
+# regime -> our picker's system for the peer comparison (every other regime: ENVOY_PICKER)
+OUR_PICKER = {"f": ENVOY_PICKER_FAIR, "g": ENVOY_PICKER_PREFIX}
 NOT_BASELINES = (
     LORAPOOL_AFFINITY, ORACLE, AFFINITY_HOLD_IF_ACTIVE, LORAPOOL_PLACEMENT, ENVOY_PICKER, LORAPOOL_FAIR, LORAPOOL_PREFIX,
+    ENVOY_PICKER_FAIR, ENVOY_PICKER_PREFIX, *GIE_EPPS,
 )  # fmt: skip
 
+FAIR_ARGS = ("--fair-dispatch", "--max-prefilling", str(FAIR_MAX_PREFILLING))
+PREFIX_ARGS = ("--prefix-weight", f"{PREFIX_WEIGHT:g}")
 SYSTEMS: tuple[System, ...] = (
     *(lorapool_system(policy) for policy in registry.POLICIES),  # every --policy the router has
     System(ORACLE, "lorapool", str(RouterPolicy.LEAST_LOADED), oracle=True),
     System(AFFINITY_HOLD_IF_ACTIVE, "lorapool", str(RouterPolicy.AFFINITY), ("--hold-rule", "hold-if-active")),
     System(ENVOY_PICKER, "envoy-picker", str(RouterPolicy.AFFINITY)),
-    System(
-        LORAPOOL_FAIR,
-        "lorapool",
-        str(RouterPolicy.AFFINITY),
-        ("--fair-dispatch", "--max-prefilling", str(FAIR_MAX_PREFILLING)),
-    ),
-    System(LORAPOOL_PREFIX, "lorapool", str(RouterPolicy.AFFINITY), ("--prefix-weight", f"{PREFIX_WEIGHT:g}")),
+    System(LORAPOOL_FAIR, "lorapool", str(RouterPolicy.AFFINITY), FAIR_ARGS),
+    System(LORAPOOL_PREFIX, "lorapool", str(RouterPolicy.AFFINITY), PREFIX_ARGS),
     System("nginx round-robin", "nginx"),
     System("vllm-router round_robin", "vllm-router", "round_robin"),
     System("vllm-router power_of_two", "vllm-router", "power_of_two"),
     System(CACHE_AWARE, "vllm-router", "cache_aware"),
     System(CONSISTENT_HASH, "vllm-router", "consistent_hash"),
+    System(GIE_EPP_LORA, "gie-epp", f"{EPP_LORA_WEIGHT:g}"),
+    System(GIE_EPP_DEFAULT, "gie-epp"),
+    System(ENVOY_PICKER_FAIR, "envoy-picker", str(RouterPolicy.AFFINITY), FAIR_ARGS),
+    System(ENVOY_PICKER_PREFIX, "envoy-picker", str(RouterPolicy.AFFINITY), PREFIX_ARGS),
+)
+# Run only when --systems names them: the lora-affinity weight sweep (bench/NOTES.md).
+EXTRA_SYSTEMS: tuple[System, ...] = tuple(
+    System(f"gie epp (lora-affinity weight {w:g})", "gie-epp", f"{w:g}") for w in EPP_SWEEP_WEIGHTS
 )

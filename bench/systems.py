@@ -10,9 +10,13 @@ missing) and ``vllm-router`` from PyPI (a Rust binary; each of its policies that
 from __future__ import annotations
 
 import itertools
+import json
 import shutil
 import subprocess
 import tempfile
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
@@ -134,8 +138,8 @@ class System:
     """A router under test: how to name it and start it in front of backends."""
 
     name: str
-    kind: str  # direct | lorapool | envoy-picker | envoy | envoy-noop | nginx | vllm-router
-    policy: str = ""
+    kind: str  # direct | lorapool | envoy-picker | envoy | envoy-noop | nginx | vllm-router | gie-epp
+    policy: str = ""  # gie-epp: the lora-affinity-scorer's weight ("" runs the EPP's default config)
     args: tuple[str, ...] = ()  # extra command-line flags
     oracle: bool = False  # runs on ``oracle_fleet`` instead of the scenario's fleet
 
@@ -166,6 +170,9 @@ class System:
         elif self.kind == "vllm-router":
             with vllm_router(backends, self.policy) as url:
                 yield url
+        elif self.kind == "gie-epp":
+            with gie_epp(backends, float(self.policy) if self.policy else None, time_scale) as url:
+                yield url
         else:
             raise ValueError(f"unknown system kind {self.kind!r}")
 
@@ -192,6 +199,53 @@ def envoy_picker(backends: Sequence[str], policy: str, args: Sequence[str] = ())
     cfg = GatewayConfig(listen_port=listen, picker=f"127.0.0.1:{picker}", admin_port=admin, message_timeout_s=timeout_s)
     with lorapool_router(backends, policy, flags), start_envoy(bootstrap(cfg)) as envoy:
         yield envoy.url
+
+
+@contextmanager
+def gie_epp(backends: Sequence[str], lora_weight: float | None, time_scale: float) -> Iterator[str]:
+    """The GIE endpoint picker v1.5.0 (``lorapool_dev.peer``) behind the same Envoy as ``envoy_picker``
+    (FULL_DUPLEX_STREAMED, which the EPP requires; TLS; ORIGINAL_DST), its pool the replicas; the URL
+    is Envoy's, returned once a request through it is answered (the EPP has synced its pool)."""
+    from lorapool_dev.peer import start_epp
+    from lorapool_dev.testing.envoy import BodyMode, GatewayConfig, bootstrap, start_envoy
+
+    picker, listen, admin = free_port(), free_port(), free_port()
+    cfg = GatewayConfig(
+        listen_port=listen, picker=f"127.0.0.1:{picker}", admin_port=admin,
+        body_mode=BodyMode.FULL_DUPLEX_STREAMED, message_timeout_s=1.0 * time_scale + 1.0,
+    )  # fmt: skip
+    ports = [int(_ip_port(b).rsplit(":", 1)[1]) for b in backends]
+    time_scale = max(time_scale, 1.0)  # the overhead cell's replica runs at --time-scale 0: keep the EPP's own clocks
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-epp-") as tmp,
+        start_epp(ports, grpc_port=picker, time_scale=time_scale, lora_weight=lora_weight, state_dir=Path(tmp)),
+        start_envoy(bootstrap(cfg)) as envoy,
+    ):
+        wait_routable(envoy.url, base_model(backends[0]), timeout_s=60.0)
+        yield envoy.url
+
+
+def base_model(backend: str) -> str:
+    """The replica's base model (the /v1/models entry without a parent): a probe that loads no adapter."""
+    with urllib.request.urlopen(f"{backend}/v1/models", timeout=10) as resp:
+        models = json.loads(resp.read())["data"]
+    return str(next(m["id"] for m in models if not m.get("parent")))
+
+
+def wait_routable(url: str, model: str, timeout_s: float) -> None:
+    """Until a one-token completion through ``url`` answers 200 (bounded): the picker knows its pool."""
+    body = json.dumps({"model": model, "prompt": "ready?", "max_tokens": 1}).encode()
+    deadline, last = time.monotonic() + timeout_s, ""
+    while time.monotonic() < deadline:
+        request = urllib.request.Request(f"{url}/v1/completions", body, {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError) as exc:
+            last = str(exc)
+        time.sleep(0.5)
+    raise RuntimeError(f"no request through {url} was answered within {timeout_s:g} s (last: {last})")
 
 
 def _ip_port(url: str) -> str:

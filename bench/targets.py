@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from bench import fairness_report as fair
 from bench import large_catalog_report
+from bench import peer_report as peer
 from bench import prefix_report as prefix
 from bench.results import across, runs_by_scenario
 from bench.scenarios import ENVOY_ALONE, ENVOY_NOOP, ENVOY_PICKER, LORAPOOL_ROUND_ROBIN, NOT_BASELINES, ORACLE
@@ -421,4 +422,14 @@ TARGETS: tuple[Target, ...] = (
            0.97, "higher", "x", _cells(prefix.goodput_ratio)),
     Target("28", "regime (g): lorapool affinity + prefix's adapter loads per 1k requests over lorapool affinity's"
            " (no worse)", "<= 1.03x", 1.03, "lower", "x", _cells(prefix.loads_ratio)),
+    # Issue 47: our picker (each regime's best documented config) against the GIE endpoint picker, per cell
+    # and EPP config, by our load generator and by inference-perf (bench/peer_report.py).
+    Target("47", "peer: every cell of (a)-(g): our picker's goodput over the GIE EPP's", ">= 0.97x", 0.97,
+           "higher", "x", _cells(peer.ratio_cells("goodput_rps")), peer.why_wins),
+    Target("47", "peer: every cell of (a)-(g): our picker's p99 TTFT over the GIE EPP's", "<= 1.05x", 1.05,
+           "lower", "x", _cells(peer.ratio_cells("ttft_p99_s"))),
+    Target("47", "peer: our picker's added p50 minus the GIE EPP's at 100 and 500 req/s (one run)", "<= 0 ms", 0.0,
+           "lower", " ms", _cells(peer.overhead_cells("added_p50_ms"))),
+    Target("47", "peer: our picker's added p99 minus the GIE EPP's at 100 and 500 req/s (one run)", "<= 0 ms", 0.0,
+           "lower", " ms", _cells(peer.overhead_cells("added_p99_ms"))),
 )  # fmt: skip

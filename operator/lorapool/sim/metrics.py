@@ -155,6 +155,15 @@ class _EngineCollector(Collector):
         for reason in FINISH_REASONS:
             success.add_metric([*labels, reason], stats.finished[reason])
         yield success
+        # vLLM's cache config as an info gauge (value 1): the GIE EPP reads block_size and num_gpu_blocks
+        # from it to size its prefix index (issue 47).
+        cache = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            labels=("block_size", "num_gpu_blocks"),
+        )
+        cache.add_metric([str(engine.config.block_size), str(engine.config.num_gpu_blocks)], 1.0)
+        yield cache
         if engine.config.enable_lora and row.lora_info is not None:
             info = GaugeMetricFamily(
                 row.lora_info,

