@@ -224,6 +224,6 @@ def within(outs: list[Outcome], warmup_s: float) -> list[Outcome]:
     return [o for o in outs if o.sent_s >= warmup_s and not math.isnan(o.sent_s)]
 
 
-if __name__ == "__main__":  # python bench/inference_perf.py: make the venv and the tokenizer, say where
+if __name__ == "__main__":  # python -m bench.inference_perf: make the venv and the tokenizer, say where
     exe, seconds = ensure_venv()
     print(exe, ensure_tokenizer(exe.parent.parent), f"{seconds:.0f} s", file=sys.stderr)

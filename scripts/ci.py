@@ -85,7 +85,7 @@ def main(argv: list[str]) -> int:
     cold = not build.is_built(EPP, cache_root()) or not inference_perf.venv_dir().exists()
     code, seconds = step([sys.executable, "-m", "lorapool_dev.peer"])
     if not code:
-        code, venv_s = step([sys.executable, "bench/inference_perf.py"])
+        code, venv_s = step([sys.executable, "-m", "bench.inference_perf"])
         seconds += venv_s
     measured.append(Measured("peer build", seconds, cold=cold))
     if code:
