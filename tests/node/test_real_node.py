@@ -98,8 +98,17 @@ def host_state() -> dict[str, Any]:
         "cgroups": cgroups,
         "sysctls": read_sysctls(),
         "host paths": {str(p): p.exists() for p in node_config.HOST_PATHS},
-        "links": sorted(os.listdir("/var/log/containers")) if Path("/var/log/containers").is_dir() else None,
     }
+
+
+def links_into(run_dir: Path) -> list[str]:
+    """The kubelet's /var/log/containers symlinks into ``run_dir``: this run's, not another real node's
+    (the session's node may be stopping pods of an earlier test meanwhile)."""
+    logs = Path("/var/log/containers")
+    return sorted(
+        link.name for link in (logs.iterdir() if logs.is_dir() else ())
+        if link.is_symlink() and os.readlink(link).startswith(f"{run_dir}/")
+    )  # fmt: skip
 
 
 def start_time(pid: int) -> str | None:
@@ -139,7 +148,9 @@ def test_teardown_leaves_no_namespace_bridge_mount_cgroup_process_or_sysctl_chan
         assert node.names.cgroup_root.lstrip("/") in " ".join(host_state()["cgroups"])
         assert mounts_under(run_dir), "the kubelet and containerd mount volumes and rootfs under the run dir"
         assert (run_dir / "logs" / "kubelet.log").is_file()
+        assert links_into(run_dir), "the kubelet links the pause pod's log in /var/log/containers"
     assert host_state() == before
+    assert links_into(run_dir) == []
     mounts = Path("/proc/self/mounts").read_text()
     assert str(run_dir) not in mounts and node.names.netns not in mounts
     assert not node.netns.exists()
