@@ -23,7 +23,7 @@ from aiohttp import web
 from lorapool.api.adapterset import AdapterSet
 from lorapool.api.pods import EnginePod
 from lorapool.api.routerpolicy import PolicyState
-from lorapool.podstatus import PodRef, api_server
+from lorapool.podstatus import ApiServer, PodRef, api_server
 from lorapool.render.names import ENGINE_API_KEY_ENV
 from lorapool.router.app import build_app
 from lorapool.router.core.reports import backend_reports
@@ -62,19 +62,27 @@ def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
     raise ValueError(f"--event-loop={name!r} is not uvloop or asyncio")
 
 
+def _api_server(unavailable: str, kv: dict[str, str]) -> ApiServer | None:
+    """The API server the router's own writes and reads go to, with the credentials its watches use
+    (``KUBECONFIG``, else in cluster); None when there are none (logged as ``unavailable``)."""
+    from kubernetes.config import ConfigException
+
+    kubeconfig = os.environ.get("KUBECONFIG")
+    try:
+        return api_server(Path(kubeconfig) if kubeconfig else None)
+    except (ValueError, OSError, ConfigException) as exc:
+        log.warning(unavailable, extra={"kv": {**kv, "error": str(exc)}})
+        return None
+
+
 def publisher_for(settings: RouterSettings, counter: RequestCounter) -> Publisher | None:
     """The writer of the request counts on the router's own Pod, or None (no Pod, no credentials: logged)."""
     if settings.pod is None:
         log.info("Not publishing request counts on a Pod: no --pod and no POD_NAME/POD_NAMESPACE")
         return None
-    from kubernetes.config import ConfigException
-
     pod = PodRef.parse(settings.pod)
-    kubeconfig = os.environ.get("KUBECONFIG")  # as the router's watches (lorapool.kubeconfig), else in cluster
-    try:
-        server = api_server(Path(kubeconfig) if kubeconfig else None)
-    except (ValueError, OSError, ConfigException) as exc:
-        log.warning("Not publishing request counts on a Pod", extra={"kv": {"pod": str(pod), "error": str(exc)}})
+    server = _api_server("Not publishing request counts on a Pod", {"pod": str(pod)})
+    if server is None:
         return None
     log.info("Publishing request counts on Pod", extra={"kv": {"pod": str(pod), "window_s": counter.window_s}})
     return Publisher(server, pod, counter)
@@ -86,16 +94,11 @@ def adapter_set_watch(settings: RouterSettings, scheduler: Scheduler) -> SetWatc
     then knows adapters from the reports alone, as before."""
     if settings.adapters_configmap is None:
         return None
-    from kubernetes.config import ConfigException
-
     from lorapool.sources.setwatch import SetRef, SetWatcher
 
     ref = SetRef.parse(settings.adapters_configmap)
-    kubeconfig = os.environ.get("KUBECONFIG")
-    try:
-        server = api_server(Path(kubeconfig) if kubeconfig else None)
-    except (ValueError, OSError, ConfigException) as exc:
-        log.warning("Not reading the adapter set", extra={"kv": {"configmap": str(ref), "error": str(exc)}})
+    server = _api_server("Not reading the adapter set", {"configmap": str(ref)})
+    if server is None:
         return None
 
     def changed() -> None:

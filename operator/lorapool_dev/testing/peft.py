@@ -121,23 +121,16 @@ def _pattern_rank(module: str, rank: int, pattern: Mapping[str, int]) -> int:
 def base_module_shapes(base_model: str) -> dict[str, tuple[int, int]] | None:
     """Each LoRA-able module's ``(out_features, in_features)`` in a base the planner's table knows
     (``lorapool.plan.dims``), None for another: give it as ``module_shapes`` so the adapter fits the
-    shape the operator renders for the sidecar's verifier (``lorapool.sources.verify``)."""
+    shape the operator renders for the sidecar's verifier (``lorapool.sources.verify``), which says
+    what each module's shape is made of (``BaseShape.features``)."""
+    from lorapool.plan.adapter_check import ATTENTION, MLP, BaseShape
     from lorapool.plan.dims import lookup_model
 
     dims = lookup_model(base_model)
     if dims is None:
         return None
-    q, kv = dims.num_attention_heads * dims.head_dim, dims.num_key_value_heads * dims.head_dim
-    h, i = dims.hidden_size, dims.intermediate_size
-    return {
-        "q_proj": (q, h),
-        "k_proj": (kv, h),
-        "v_proj": (kv, h),
-        "o_proj": (h, q),
-        "gate_proj": (i, h),
-        "up_proj": (i, h),
-        "down_proj": (h, i),
-    }
+    shape = BaseShape.from_dims(dims)
+    return {m: (shape.features(m)[0][0], shape.features(m)[1][0]) for m in (*ATTENTION, *MLP)}
 
 
 class Misfit(enum.StrEnum):
