@@ -59,6 +59,17 @@ class Engine:
         except ProcessError as exc:
             pytest.fail(f"vllm did not start: {exc}", pytrace=False)
 
+    def died(self) -> str | None:
+        """When the engine exited on its own: its exit code and last output, and it is started again,
+        so one engine death fails the test it happened in with the reason, not every test after it."""
+        if self.proc is None or self.proc.popen.poll() is None:
+            return None
+        code, output = self.proc.popen.returncode, self.proc.output()[-4000:]
+        self.proc.close()
+        self.proc = None
+        self.start()
+        return f"vllm exited with {code} during the test; its last output:\n{output}"
+
     def crash(self) -> None:
         assert self.proc is not None
         crash_engine(self.proc)
@@ -162,6 +173,10 @@ def sidecar_for(engine: Engine, tmp_path: Path) -> Iterator[Any]:
         return started[-1]
 
     yield start
+    if died := engine.died():
+        for sidecar, _ in started:
+            sidecar.component.close()
+        pytest.fail(died, pytrace=False)
     for sidecar, config in started:
         try:
             if engine.proc is not None:

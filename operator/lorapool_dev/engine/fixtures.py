@@ -22,7 +22,7 @@ import pytest
 from lorapool_dev.engine.install import EngineInstall, find_engine
 from lorapool_dev.engine.parsers import ParserVenv, find_parser
 from lorapool_dev.engine.server import EngineKind, ServeConfig, start_engine, stop_engine
-from lorapool_dev.testing.processes import ProcessError, RunningProcess
+from lorapool_dev.testing.processes import ProcessError, RunningProcess, descendants, kill_all, start_time
 
 INSTALL_HINT = "run `lorapool engine install` (once, a few minutes, cached in ~/.cache/lorapool/engine)"
 
@@ -70,8 +70,12 @@ def started(
         proc = start_engine(kind, cfg, install=install, sim_extra=sim_extra)
     except ProcessError as exc:
         pytest.fail(f"{kind} did not start: {exc}", pytrace=False)
+    # The tree now, while it is whole: a test that signals the server itself (SIGTERM, SIGKILL) leaves
+    # its engine core reparented, out of stop_engine's sight, and still holding memory and cores.
+    tree = [(pid, start_time(pid)) for pid in descendants(proc.pid)]
     try:
         yield proc
     finally:
         stop_engine(proc)
         proc.close()
+        kill_all(tree)

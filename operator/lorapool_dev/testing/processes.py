@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import tempfile
@@ -67,6 +68,23 @@ def descendants(root: int) -> list[int]:
             found.append(child)
             queue.append(child)
     return found
+
+
+def start_time(pid: int) -> str | None:
+    """The process's start time (clock ticks after boot, /proc/PID/stat field 22); None when gone."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def kill_all(tree: Sequence[tuple[int, str | None]]) -> None:
+    """SIGKILL each (pid, start time) still alive. The start time tells a survivor from a new process
+    the kernel has since given the same number, which is left alone."""
+    for pid, started in tree:
+        if started is not None and start_time(pid) == started:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
 
 
 class RunningProcess:
