@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from lorapool.logs import KlogFormatter
+from lorapool.logs import KlogFormatter, WatchSuccessFilter
 
 
 def record(msg: str, level: int = logging.INFO, **extra: object) -> logging.LogRecord:
@@ -46,3 +46,24 @@ def test_levels_and_exceptions() -> None:
     line = KlogFormatter().format(rec)
     assert line.startswith("E") and line.splitlines()[-1] == "ValueError: boom"
     assert KlogFormatter().format(record("Slow", logging.WARNING)).startswith("W")
+
+
+def _named(name: str, msg: str, level: int = logging.INFO) -> logging.LogRecord:
+    rec = record(msg, level)
+    rec.name = name
+    return rec
+
+
+@pytest.mark.parametrize(
+    ("rec", "kept"),
+    [
+        (_named("kopf.objects", "Handler '_watch_adapters.<locals>.adapter_event' succeeded."), False),
+        (_named("kopf.objects", "Handler 'x' failed with an exception. Will retry.", logging.ERROR), True),
+        (_named("kopf.objects", "Handler 'x' succeeded.", logging.WARNING), True),
+        (_named("kopf.activities.startup", "Initial authentication has finished."), True),
+        (_named("lorapool.operator", "Handler 'x' succeeded."), True),
+    ],
+    ids=["kopf-watch-success-dropped", "failure-kept", "other-level-kept", "other-kopf-line-kept", "ours-kept"],
+)
+def test_only_kopfs_per_event_success_line_is_dropped(rec: logging.LogRecord, kept: bool) -> None:
+    assert WatchSuccessFilter().filter(rec) is kept

@@ -34,10 +34,24 @@ class KlogFormatter(logging.Formatter):
         return line
 
 
+class WatchSuccessFilter(logging.Filter):
+    """Drops kopf's INFO line "Handler '...' succeeded." that follows every watch event: the operator's
+    handlers only queue a pool, and at 10,000 adapters those lines were 98 % of its log. Failures and
+    DEBUG logging keep them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.INFO or not record.name.startswith("kopf"):
+            return True
+        message = record.getMessage()
+        return not (message.startswith("Handler '") and message.endswith("' succeeded."))
+
+
 def setup(level: str = "INFO") -> None:
     """Route every logger through one klog handler at ``level`` and quieten chatty libraries."""
     handler = logging.StreamHandler()
     handler.setFormatter(KlogFormatter())
+    if level.upper() != "DEBUG":
+        handler.addFilter(WatchSuccessFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -141,3 +141,30 @@ def test_plan_of_one_rank_300_adapter_shows_at_most_two_slots_and_their_price() 
     line = next(line for line in result.stdout.splitlines() if line.strip().startswith("--max-loras"))
     assert int(line.split()[1]) <= 2, line
     assert "% of the KV cache" in line and "GB" in line, line
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--status-write-qps", "0"], "--status-write-qps: 0 is not above 0"),
+        (["--status-write-burst", "-1"], "--status-write-burst: -1 is not above 0"),
+        (["--status-write-qps", "fast"], "--status-write-qps: 'fast' is not a number"),
+    ],
+)
+def test_the_operators_write_rate_flags_refuse_what_would_never_write(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from lorapool.cli import build_parser
+
+    with pytest.raises(SystemExit) as exited:
+        build_parser(["operator"]).parse_args(["operator", *argv])
+    assert exited.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_operators_write_rate_flags_are_parsed_as_numbers() -> None:
+    from lorapool.cli import build_parser
+
+    args = build_parser(["operator"]).parse_args(
+        ["operator", "--status-write-qps", "400", "--status-write-burst", "800"]
+    )
+    assert (args.status_write_qps, args.status_write_burst) == (400.0, 800)

@@ -290,7 +290,7 @@ def pool_body() -> dict[str, Any]:
     }
 
 
-async def config_of(source: str, revision: str | None) -> dict[str, Any]:
+async def config_of(source: str, revision: str | None, **_: Any) -> dict[str, Any]:
     """Sources under hf://bad/ were trained on another base model: refused with a reason."""
     base = "mistralai/Mistral-7B-v0.1" if source.startswith("hf://bad/") else BASE
     return {

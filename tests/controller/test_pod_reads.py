@@ -116,7 +116,7 @@ def engine_pod_body(slot: int) -> dict[str, Any]:
     }
 
 
-async def peft_config(source: str, revision: str | None) -> dict[str, Any]:
+async def peft_config(source: str, revision: str | None, **_: Any) -> dict[str, Any]:
     return {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj"]}
 
 

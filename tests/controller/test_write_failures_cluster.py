@@ -43,7 +43,7 @@ class PaddedKube(Kube):
         super().patch_status(kind, namespace, name, status)
 
 
-async def config_of(source: str, revision: str | None) -> dict[str, Any]:
+async def config_of(source: str, revision: str | None, **_: Any) -> dict[str, Any]:
     return {
         "peft_type": "LORA",
         "r": 8,

@@ -415,3 +415,51 @@ def test_a_docker_config_login_is_found_by_registry_as_docker_login_keys_it() ->
     with pytest.raises(SourceError, match="'auth' is not base64 of user:password") as err:
         login_for({"auths": {"r.io": {"auth": "%%%"}}}, "r.io")
     assert not err.value.transient
+
+
+def _pool_adapter(source: str, oci: dict[str, Any]) -> tuple[Any, Any]:
+    """A pool with ``spec.credentials.oci`` and its one inline adapter at ``source``."""
+    from lorapool.api.load import parse_object
+    from lorapool.plan.adapters import merge_adapters
+
+    pool = parse_object(
+        {
+            "apiVersion": "lorapool.io/v1alpha1", "kind": "LoRAPool", "metadata": {"name": "p", "namespace": "ml"},
+            "spec": {
+                "baseModel": {"name": "org/tiny", "source": "hf://org/tiny"}, "gpu": {"product": "A100-80GB"},
+                "credentials": {"oci": oci}, "adapters": [{"name": "sql", "source": source, "rank": 8}],
+            },
+        }
+    )  # fmt: skip
+    return pool, merge_adapters(pool, []).adapters[0]  # type: ignore[arg-type]
+
+
+async def _operator_read(pool: Any, adapter: Any) -> Any:
+    """The operator's read, as controller.app wires it (no cache)."""
+    from lorapool.controller.metadata import fetch_adapter_metadata
+    from lorapool.sources.config import fetch_adapter_config
+
+    async def fetch(source: str, revision: str | None, *, options: Any) -> dict[str, Any]:
+        return await fetch_adapter_config(source, revision=revision, cache=None, options=options)
+
+    return await fetch_adapter_metadata(pool, adapter, fetch, 30)
+
+
+def test_the_operator_reads_a_registry_the_pool_lists_as_plain_http(tmp_path: Path, plain: Registry) -> None:
+    digest = _push(plain, write_peft_adapter(tmp_path / "a", rank=8), f"oci://{plain.host}/team/op:v1")
+    source = f"oci://{plain.host}/team/op@{digest}"
+    fetched = asyncio.run(_operator_read(*_pool_adapter(source, {"plainHTTP": [plain.host]})))
+    assert fetched.unreadable is None and fetched.config["r"] == 8
+    unlisted = asyncio.run(_operator_read(*_pool_adapter(source, {})))  # HTTPS only: a plain registry fails
+    assert unlisted.config is None and "plainHTTP" in (unlisted.unreadable or "")
+
+
+def test_the_operator_says_it_reads_without_the_pools_login(tmp_path: Path, basic: Registry) -> None:
+    """The operator has no RBAC on Secrets: a registry that needs the login is unreadable to it, and
+    the reason says so instead of pointing at settings the pool already has."""
+    digest = _push(basic, write_peft_adapter(tmp_path / "a", rank=8), f"oci://{basic.host}/team/op:v1")
+    oci = {"plainHTTP": [basic.host], "secretName": "registry-login"}
+    fetched = asyncio.run(_operator_read(*_pool_adapter(f"oci://{basic.host}/team/op@{digest}", oci)))
+    assert fetched.config is None
+    assert "without registry-login (it reads no Secrets), the sidecars log in" in (fetched.unreadable or "")
+    assert basic.password is not None and basic.password not in (fetched.unreadable or "")

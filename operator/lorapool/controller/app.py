@@ -31,6 +31,7 @@ from lorapool.controller.triggers import Mark, object_mark, pod_mark
 from lorapool.controller.workqueue import WorkQueue
 from lorapool.kubeconfig import api_client
 from lorapool.render.names import POOL_LABEL
+from lorapool.sources.base import SourceOptions
 from lorapool.sources.config import ConfigCache, fetch_adapter_config
 
 log = logging.getLogger("lorapool.operator")
@@ -234,9 +235,9 @@ async def run_operator(cfg: OperatorConfig) -> int:
     cache = ConfigCache(ttl_s=300)  # sized by the catalogue as pools reconcile (PoolReconciler)
     index = AdapterIndex()
 
-    async def fetch(source: str, revision: str | None) -> dict[str, Any]:
+    async def fetch(source: str, revision: str | None, *, options: SourceOptions) -> dict[str, Any]:
         return await fetch_adapter_config(
-            source, revision=revision, timeout_s=cfg.settings.metadata_timeout_s, cache=cache
+            source, revision=revision, timeout_s=cfg.settings.metadata_timeout_s, cache=cache, options=options
         )
 
     reconciler = PoolReconciler(Kube(api, cfg.identity), fetch, cfg.settings, index=index, cache=cache)

@@ -5,6 +5,22 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+from collections.abc import Callable
+
+
+def _positive(kind: type[float] | type[int]) -> Callable[[str], float]:
+    """An argparse type: a number above 0, or an error naming what was given."""
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text} is not above 0: a rate limit of 0 would never write")
+        return value
+
+    return parse
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -30,6 +46,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=10.0,
         help="timeout for reading one adapter_config.json (default 10)",
+    )
+    parser.add_argument(
+        "--status-write-qps",
+        type=_positive(float),
+        default=100.0,
+        help="LoRAAdapter status writes a second, one bucket per operator (default 100; docs/status.md)",
+    )
+    parser.add_argument(
+        "--status-write-burst",
+        type=_positive(int),
+        default=200,
+        help="status writes allowed at once above that rate (default 200)",
     )
     parser.add_argument("--bind", default="0.0.0.0", help="address for the metrics and liveness servers")
     parser.add_argument("--metrics-port", type=int, default=8080, help="Prometheus metrics port (default 8080)")
@@ -63,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
         settings=Settings(
             render=RenderOptions(lorapool_image=args.image) if args.image else RenderOptions(),
             metadata_timeout_s=args.metadata_timeout_seconds,
+            write_qps=args.status_write_qps,
+            write_burst=args.status_write_burst,
         ),
         resync_s=args.resync_seconds,
         metrics_port=args.metrics_port,

@@ -30,9 +30,10 @@ from lorapool.api.models import LoRAPool
 from lorapool.api.pods import EnginePod, RouterPod, engine_pods, router_pods
 from lorapool.api.status import AdapterPhase, ConditionType, LoRAAdapterStatus, LoRAPoolStatus
 from lorapool.controller import decide, gateway, replan, signals, tuning, writes
-from lorapool.controller.decide import Decision, Event, Fetched
+from lorapool.controller.decide import Decision, Event
 from lorapool.controller.index import AdapterIndex
 from lorapool.controller.kube import Kube
+from lorapool.controller.metadata import ConfigFetcher, fetch_adapter_metadata
 from lorapool.controller.schedule import DONE, Result, RetryLater
 from lorapool.controller.status import (
     NOWHERE,
@@ -44,8 +45,8 @@ from lorapool.controller.status import (
     pool_status,
     status_changed,
 )
+from lorapool.controller.workqueue import bounded_map
 from lorapool.controller.writes import AdapterEvent, TokenBucket, WriteFailure
-from lorapool.errors import LoRAPoolError, SourceError
 from lorapool.plan.adapters import PoolAdapter, merge_adapters
 from lorapool.plan.holders import assign_slots, pod_slots, slot_patches
 from lorapool.render import manifests, names
@@ -53,8 +54,6 @@ from lorapool.render.manifests import RenderOptions
 from lorapool.sources.config import ConfigCache
 
 log = logging.getLogger("lorapool.operator")
-
-ConfigFetcher = Callable[[str, str | None], Any]  # async (source, revision) -> adapter_config dict
 
 
 @dataclass(frozen=True)
@@ -67,17 +66,6 @@ class Settings:
     write_qps: float = writes.QPS  # per-adapter status writes, per operator process (controller.writes)
     write_burst: int = writes.BURST
     write_concurrency: int = writes.WRITE_CONCURRENCY
-
-
-async def fetch_adapter_metadata(adapter: PoolAdapter, fetch: ConfigFetcher, timeout_s: float) -> Fetched:
-    """Read one adapter's adapter_config.json; a source that fails is a fact for ``decide``, never a crash."""
-    spec = adapter.spec
-    try:
-        return Fetched(config=await asyncio.wait_for(fetch(spec.source, spec.revision), timeout_s))
-    except (SourceError, TimeoutError, OSError) as exc:
-        return Fetched(unreadable=str(exc) or f"timed out after {timeout_s:g}s")
-    except LoRAPoolError as exc:
-        return Fetched(refused=str(exc))
 
 
 class PoolReconciler:
@@ -267,15 +255,13 @@ class PoolReconciler:
 
     async def _read_adapter_metadata(self, pool: LoRAPool, adapters: Sequence[PoolAdapter]) -> list[AdapterResult]:
         """Each adapter's verdict from its adapter_config.json, read with bounded concurrency and a timeout."""
-        sem = asyncio.Semaphore(self.settings.metadata_concurrency)
         base_model = pool.spec.base_model.name
 
         async def one(adapter: PoolAdapter) -> AdapterResult:
-            async with sem:
-                fetched = await fetch_adapter_metadata(adapter, self.fetch, self.settings.metadata_timeout_s)
+            fetched = await fetch_adapter_metadata(pool, adapter, self.fetch, self.settings.metadata_timeout_s)
             return decide.judge_adapter(adapter, base_model, fetched)
 
-        return list(await asyncio.gather(*(one(a) for a in adapters)))
+        return await bounded_map(one, adapters, self.settings.metadata_concurrency)
 
     async def _apply(self, pool: LoRAPool, objects: Sequence[dict[str, Any]]) -> list[WriteFailure]:
         """Apply the rendered objects in order; the first one refused stops the rest (a later one may
@@ -460,15 +446,13 @@ class PoolReconciler:
         self, items: Sequence[tuple[Mapping[str, Any], LoRAAdapterStatus]], now: float
     ) -> tuple[list[WriteFailure], list[AdapterEvent]]:
         """Many LoRAAdapters' statuses, ``write_concurrency`` at a time; their failures and Events."""
-        sem = asyncio.Semaphore(self.settings.write_concurrency)
 
         async def one(
-            raw: Mapping[str, Any], status: LoRAAdapterStatus
+            item: tuple[Mapping[str, Any], LoRAAdapterStatus],
         ) -> tuple[WriteFailure | None, list[AdapterEvent]]:
-            async with sem:
-                return await self._write_adapter_status(raw, status, now)
+            return await self._write_adapter_status(*item, now)
 
-        done = await asyncio.gather(*(one(raw, status) for raw, status in items))
+        done = await bounded_map(one, items, self.settings.write_concurrency)
         return [f for f, _ in done if f is not None], [e for _, events in done for e in events]
 
     async def _post(self, involved: Mapping[str, Any], events: Sequence[Event]) -> None:

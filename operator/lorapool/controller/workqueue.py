@@ -11,7 +11,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 from prometheus_client import Counter, Histogram
 
@@ -28,6 +29,28 @@ DURATION = Histogram(
 )
 
 Reconcile = Callable[[str, str], Awaitable[Result]]  # async (namespace, name) -> Result
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+async def bounded_map(fn: Callable[[T], Awaitable[R]], items: Sequence[T], limit: int) -> list[R]:
+    """``fn`` over ``items``, ``limit`` at a time, results in order. ``limit`` workers take the next item
+    in turn: at 10,000 adapters a gather of one task per item holds 10,000 tasks and their frames at
+    once (the operator's peak memory); this holds ``limit``. The first error cancels the rest."""
+    results: dict[int, R] = {}
+    cursor = iter(range(len(items)))  # shared: each index is taken by exactly one worker
+
+    async def worker() -> None:
+        for i in cursor:
+            results[i] = await fn(items[i])
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            for _ in range(max(1, min(limit, len(items)))):
+                group.create_task(worker())
+    except ExceptionGroup as failed:  # callers handle an error as a plain gather raised it
+        raise failed.exceptions[0] from None
+    return [results[i] for i in range(len(items))]
 
 
 class WorkQueue:

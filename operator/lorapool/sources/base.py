@@ -37,6 +37,7 @@ class SourceOptions:
     """Deployment settings of sources (not per adapter)."""
 
     pvc_root: Path = Path("/mnt/pvc")  # pvc://claim/path resolves to <pvc_root>/<claim>/<path>
+    oci_plain_http: frozenset[str] = frozenset()  # registries reached over HTTP, beside $LORAPOOL_OCI_PLAIN_HTTP
 
 
 @dataclass(frozen=True)

@@ -129,11 +129,13 @@ class OciSource:
         self.ca_file = ca_file
 
     @classmethod
-    def from_env(cls, url: str, revision: str | None) -> OciSource:
-        """The sidecar's: credentials and registry settings from spec.credentials.oci's env."""
+    def from_env(cls, url: str, revision: str | None, *, plain_http: frozenset[str] = frozenset()) -> OciSource:
+        """The sidecar's: credentials and registry settings from spec.credentials.oci's env (the operator
+        passes the pool's ``plain_http`` instead, and has no credentials)."""
         raw = os.environ.get(AUTH_ENV)
         config = parse_docker_config(raw, where=f"${AUTH_ENV} (spec.credentials.oci.secretName)") if raw else None
-        plain = frozenset(h.strip() for h in os.environ.get(PLAIN_HTTP_ENV, "").split(",") if h.strip())
+        listed = (h.strip() for h in os.environ.get(PLAIN_HTTP_ENV, "").split(","))
+        plain = frozenset(h for h in listed if h) | plain_http
         ca = os.environ.get(CA_FILE_ENV)
         return cls(url, revision, docker_config=config, plain_http=plain, ca_file=Path(ca) if ca else None)
 

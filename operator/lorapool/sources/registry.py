@@ -48,7 +48,7 @@ def _open_hf(url: str, revision: str | None, options: SourceOptions) -> Source:
 def _open_oci(url: str, revision: str | None, options: SourceOptions) -> Source:
     from lorapool.sources.oci import OciSource
 
-    return OciSource.from_env(url, revision)
+    return OciSource.from_env(url, revision, plain_http=options.oci_plain_http)
 
 
 # Every scheme's opener, in the order an unknown scheme's message lists them (local ones first).
