@@ -6,12 +6,16 @@ Each router reads the pool's adapter set through the API as the rendered Deploym
 reports on the engine pods; the engines are local sims with real sidecars (``LocalEngines``). Loading
 is not "not found" (a router that knows the set holds a request for an adapter it names) is shown
 deterministically, against reports the test writes, in tests/router/test_adapter_set_cluster.py.
+The same pool serves an oci:// adapter pushed to a real registry by the CLI, by digest (issue 45).
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import re
+import subprocess
+import sys
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -26,9 +30,11 @@ from lorapool.render import names
 from lorapool_dev.cluster import LocalCluster
 from lorapool_dev.testing.components import Component, start_router
 from lorapool_dev.testing.fakekubelet import LocalEngines
+from lorapool_dev.testing.peft import base_module_shapes, write_peft_adapter
 from lorapool_dev.testing.processes import free_port
+from lorapool_dev.testing.registry import Registry, run_registry
 from lorapool_dev.testing.wait import wait_until
-from tests.controller.test_operator import adapter_dir, apply, condition, get
+from tests.controller.test_operator import BASE, adapter_dir, apply, condition, get
 from tests.controller.test_truth import POOL, engines, loraadapter  # noqa: F401 (engines: the fixture)
 from tests.router.picker.test_picker_grpc import Stream, body, headers
 
@@ -132,3 +138,42 @@ def test_from_ready_every_router_and_the_picker_serve_the_adapter(
             doors = {key.rsplit(":", 1)[0] for key in statuses}
             assert doors == {r.url for r in routers} | {"picker"}, (name, dict(statuses))
             assert all(key.endswith(":200") for key in statuses), (name, dict(statuses))
+
+
+@pytest.fixture
+def registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Registry]:
+    """The CNCF registry (htpasswd) on 127.0.0.1. The local sidecars, started after it, inherit the env the
+    renderer gives them for spec.credentials.oci: the Secret's login and the registry as plain HTTP."""
+    with run_registry(tmp_path / "registry", auth="htpasswd") as running:
+        monkeypatch.setenv("LORAPOOL_OCI_AUTH", json.dumps(running.docker_config()))
+        monkeypatch.setenv("LORAPOOL_OCI_PLAIN_HTTP", running.host)
+        yield running
+
+
+def test_an_oci_adapter_pushed_by_the_cli_is_served_by_digest_through_every_door(
+    local_cluster: LocalCluster, ns: str, tmp_path: Path, registry: Registry, request: pytest.FixtureRequest
+) -> None:
+    """Issue 45 through the operator: ``lorapool adapter push`` to a real registry, a LoRAAdapter pinned by
+    the digest, Ready from the sidecars' reports, then every router and the picker serve it, and its
+    status names the digest the sidecars pulled."""
+    routers: list[Component] = request.getfixturevalue("routers")  # after `registry`: the sidecars get its env
+    assert registry.username is not None and registry.password is not None
+    files = write_peft_adapter(tmp_path / "sql", rank=8, base_model=BASE, module_shapes=base_module_shapes(BASE))
+    argv = ["adapter", "push", str(files), f"oci://{registry.host}/team/sql:v1", "--plain-http", "--base-model", BASE]
+    pushed = subprocess.run(
+        [sys.executable, "-m", "lorapool.cli", *argv, "--username", registry.username, "--password-stdin"],
+        input=registry.password + "\n", capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert pushed.returncode == 0, pushed.stderr
+    digest = pushed.stdout.strip()
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", digest), pushed.stdout
+    doc = loraadapter(ns, "oci-sql", f"oci://{registry.host}/team/sql@{digest}")
+    doc["spec"]["rank"] = 8  # the operator reads registries without the pool's login (docs/registry.md)
+    apply(local_cluster, doc)
+    with grpc.insecure_channel(f"127.0.0.1:{PICKER_PORT}") as channel:
+        statuses = _one_run(local_cluster, ns, "oci-sql", routers, ext_grpc.ExternalProcessorStub(channel))
+    assert {key.rsplit(":", 1)[0] for key in statuses} == {r.url for r in routers} | {"picker"}, dict(statuses)
+    assert all(key.endswith(":200") for key in statuses), dict(statuses)
+    revision = lambda: (get(local_cluster, "la", ns, "oci-sql") or {}).get("status", {}).get("resolvedRevision")  # noqa: E731
+    wait_until("the digest in oci-sql's status", lambda: revision() == digest, 30, describe=revision)
+    assert registry.password not in json.dumps(get(local_cluster, "la", ns, "oci-sql"))

@@ -8,6 +8,10 @@ pods and the pool's status sampled twice a second. Each fault is judged by
 again, and a status that told the truth.
 
 `LORAPOOL_FAULTS` picks the faults: unset, the CI set; `all`; or names (faults.FAULTS).
+
+The module also runs the CNCF registry inside the node's network namespace, on the node's IP (pods
+cannot reach this machine's loopback), with an htpasswd login the pool has from its creation
+(`spec.credentials.oci`: no re-render, no roll), for the oci:// test (issue 45).
 """
 
 from __future__ import annotations
@@ -15,15 +19,18 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,12 +38,14 @@ import pytest
 import lorapool
 from lorapool_dev.cluster.manifests import SERVICE_CIDR
 from lorapool_dev.cluster.node import RealNode
-from lorapool_dev.cluster.node_config import NODE_NAME
+from lorapool_dev.cluster.node_config import NODE_IP, NODE_NAME
 from lorapool_dev.dev import node as dev_node
 from lorapool_dev.image.recipe import TARGETS
 from lorapool_dev.testing import faults
 from lorapool_dev.testing.faults import Fault, Outcome, Sample
 from lorapool_dev.testing.http import request
+from lorapool_dev.testing.peft import base_module_shapes, write_peft_adapter
+from lorapool_dev.testing.registry import Registry, run_registry
 from lorapool_dev.testing.wait import wait_until
 
 pytestmark = [pytest.mark.node, pytest.mark.slow]
@@ -63,18 +72,35 @@ POOL_DOC: dict[str, Any] = {
         "adapters": [{"name": a, "source": f"hf://acme/{a}", "rank": 8} for a in ADAPTERS],
         "lora": {"maxLoras": 4, "maxLoraRank": 8, "maxCpuLoras": 32},  # room for the latency test's 20 more
         "vllm": {"maxModelLen": 2048, "extraArgs": ["--seed", "0"]},
+        # + "credentials": {"oci": ...}, naming the module's registry (its port is known once it runs): `pool`
     },
 }
+REGISTRY_SECRET = "adapter-registry"  # the pool's kubernetes.io/dockerconfigjson login to the registry
 
 
 @pytest.fixture(scope="module")
-def pool(real_node: RealNode) -> Iterator[RealNode]:
+def registry(real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    """The CNCF registry (htpasswd) on NODE_IP inside the node's namespace: where the pods reach it."""
+    workdir = tmp_path_factory.mktemp("registry")
+    with run_registry(workdir, auth="htpasswd", listen_host=NODE_IP, netns=real_node.netns) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def pool(real_node: RealNode, registry: Registry) -> Iterator[RealNode]:
     """The chart and the pool, Ready; removed again so the node serves the next test clean."""
     # The images the session's node imported (by reference: a second build_images() would rebuild
     # whenever the tree changed since the node started).
     images = {target: f"{repository}:{lorapool.__version__}" for target, repository in TARGETS.items()}
+    doc = json.loads(json.dumps(POOL_DOC))
+    doc["spec"]["credentials"] = {"oci": {"secretName": REGISTRY_SECRET, "plainHTTP": [registry.host]}}
+    login = {
+        "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
+        "metadata": {"name": REGISTRY_SECRET, "namespace": NS},
+        "stringData": {".dockerconfigjson": json.dumps(registry.docker_config())},
+    }  # fmt: skip
     started = time.monotonic()
-    dev_node.deploy(real_node, json.loads(json.dumps(POOL_DOC)), images, 300)
+    dev_node.deploy(real_node, doc, images, 300, before_pool=[login])  # the pool's pods read the login
     print(f"chart and pool Ready in {time.monotonic() - started:.0f} s")  # the harness's fixed cost
     # The node's own namespace has no route to ClusterIPs (pods reach them through their default
     # route on the bridge): one for the Service range lets kube-proxy's DNAT take the clients'
@@ -396,6 +422,63 @@ def test_a_fault_under_traffic_leaves_no_request_unanswered_and_status_true(pool
     print("unclean:", [o for o in shifted if not o.clean][:10])
     print("errors:", sorted({f"{o.status} {o.detail}" for o in shifted if o.detail}))
     assert not result.problems, f"{fault.name}: {result.problems}"
+
+
+def _answers(url: str, model: str) -> bool:
+    body = {"model": model, "prompt": "Hello", "max_tokens": 4}
+    try:
+        return request(f"{url}/v1/completions", "POST", body, timeout_s=10).status == 200
+    except (urllib.error.URLError, OSError, http.client.HTTPException):
+        return False
+
+
+def test_an_oci_adapter_pushed_by_the_cli_answers_through_the_router_by_digest(
+    pool: RealNode, registry: Registry, tmp_path: Path
+) -> None:
+    """Issue 45 on the real kubelet: a real PEFT adapter pushed by ``lorapool adapter push`` (htpasswd login)
+    to the registry on the node's IP, a LoRAAdapter pinned by its digest, the first 200 through the router
+    Service, and the digest in the LoRAAdapter's status. The push and the client run inside the node's
+    namespace (this machine has no route to NODE_IP); the sidecars log in with the pool's Secret."""
+    assert registry.username is not None and registry.password is not None
+    base = POOL_DOC["spec"]["baseModel"]["name"]
+    files = write_peft_adapter(tmp_path / "x", rank=8, base_model=base, module_shapes=base_module_shapes(base), seed=45)
+    argv = ["adapter", "push", str(files), f"oci://{registry.host}/team/x:v1", "--plain-http", "--base-model", base]
+    started = time.monotonic()
+    pushed = subprocess.run(
+        [sys.executable, "-m", "lorapool.cli", *argv, "--username", registry.username, "--password-stdin"],
+        input=registry.password + "\n", capture_output=True, text=True, timeout=60, check=False,
+        preexec_fn=pool.netns.enter,
+    )  # fmt: skip
+    assert pushed.returncode == 0, pushed.stderr
+    digest, push_s = pushed.stdout.strip(), time.monotonic() - started
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", digest), pushed.stdout
+    url = f"http://{pool.kubectl('get', 'service', POOL, '-n', NS, '-o', 'jsonpath={.spec.clusterIP}').stdout}:8000"
+    name = "oci-x"
+    adapter = {
+        "apiVersion": "lorapool.io/v1alpha1", "kind": "LoRAAdapter", "metadata": {"name": name, "namespace": NS},
+        "spec": {"poolRef": {"name": POOL}, "source": f"oci://{registry.host}/team/x@{digest}", "rank": 8},
+    }  # fmt: skip
+    client = ThreadPoolExecutor(max_workers=1, initializer=pool.netns.enter)  # the ClusterIP, from the node
+    try:
+        started = time.monotonic()
+        pool.kubectl("apply", "-f", "-", input_text=json.dumps(adapter), timeout_s=30)
+        wait_until(f"{name} answered", lambda: client.submit(_answers, url, name).result(), 60, interval_s=0.1,
+                   max_interval_s=0.1)  # fmt: skip
+        served_s = time.monotonic() - started
+
+        def resolved() -> dict[str, Any] | None:
+            status: dict[str, Any] = _json(pool, "loraadapter", name, "-n", NS).get("status", {})
+            return status if status.get("resolvedRevision") == digest else None
+
+        status = wait_until(f"{name}'s status naming {digest}", resolved, 30, interval_s=0.2)
+        logs = pool.kubectl("logs", "-n", NS, "-l", "app.kubernetes.io/component=engine", "-c", "adapter-sync",
+                            "--tail=-1", "--prefix", timeout_s=30).stdout  # fmt: skip
+    finally:
+        client.shutdown(wait=True)
+        pool.kubectl("delete", "loraadapter", name, "-n", NS, "--wait=false", check=False)
+    print(f"push {push_s:.2f} s; apply -> first 200 through the router {served_s:.2f} s; status {status}")
+    assert registry.password not in json.dumps(status) and registry.password not in logs
+    assert digest in logs, logs[-2000:]  # each sidecar says what it pulled
 
 
 LATENCY_ADAPTERS = 20

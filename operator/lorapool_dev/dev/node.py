@@ -21,7 +21,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -89,11 +89,20 @@ def _play(
     return 0
 
 
-def deploy(node: RealNode, pool_doc: dict[str, Any], images: dict[str, str], timeout_s: float) -> None:
+def deploy(
+    node: RealNode,
+    pool_doc: dict[str, Any],
+    images: dict[str, str],
+    timeout_s: float,
+    before_pool: Sequence[dict[str, Any]] = (),
+) -> None:
     """The chart and the pool on a node someone else started, until the pool is Ready: what the
-    playground does before its first answer (the fault harness, tests/node/test_faults_real.py)."""
+    playground does before its first answer (the fault harness, tests/node/test_faults_real.py).
+    ``before_pool``: objects applied in the pool's namespace before it (e.g. a Secret its pods read)."""
     ns, name = pool_doc["metadata"]["namespace"], pool_doc["metadata"]["name"]
     _install_chart(node, images["runtime"], ns, print)
+    for obj in before_pool:
+        node.kubectl("apply", "-f", "-", input_text=json.dumps(obj))
     _apply_pool(node, pool_doc, images["runtime"], images["sim"], print)
     _wait_ready(node, ns, name, timeout_s, print)
 

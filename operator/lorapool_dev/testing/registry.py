@@ -28,21 +28,28 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from ipaddress import IPv4Address
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from lorapool.cache import cache_root
 from lorapool_dev import gotool
-from lorapool_dev.testing.processes import RunningProcess, free_ports, start_process
+from lorapool_dev.testing.processes import RunningProcess, free_port, free_ports, start_process
 
 REGISTRY_MODULE = "github.com/distribution/distribution/v3/cmd/registry"
 REGISTRY_VERSION = "v3.0.0"
 SERVICE = "lorapool-test-registry"
 
 
+class Namespace(Protocol):
+    """A network namespace the calling thread can enter (``lorapool_dev.cluster.netns.Netns``)."""
+
+    def entered(self) -> contextlib.AbstractContextManager[None]: ...
+
+
 @dataclass(frozen=True)
 class Registry:
-    """A running registry: ``host`` is ``127.0.0.1:PORT`` as oci:// sources name it."""
+    """A running registry: ``host`` is ``LISTEN_HOST:PORT`` (``127.0.0.1:PORT`` by default) as oci://
+    sources name it."""
 
     host: str
     plain_http: bool
@@ -110,8 +117,8 @@ def htpasswd_line(username: str, password: str) -> str:
     return out.strip()
 
 
-def self_signed(directory: Path, *, name: str = "lorapool-test") -> tuple[Path, Path]:
-    """A certificate (and its key) for 127.0.0.1 and localhost that is also its own CA."""
+def self_signed(directory: Path, *, name: str = "lorapool-test", ip: str = "127.0.0.1") -> tuple[Path, Path]:
+    """A certificate (and its key) for 127.0.0.1, localhost and ``ip`` that is also its own CA."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import rsa
@@ -130,7 +137,9 @@ def self_signed(directory: Path, *, name: str = "lorapool-test") -> tuple[Path, 
         .not_valid_after(now + datetime.timedelta(days=1))
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .add_extension(
-            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(IPv4Address("127.0.0.1"))]),
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), *(x509.IPAddress(IPv4Address(a)) for a in dict.fromkeys(("127.0.0.1", ip)))]
+            ),
             critical=False,
         )
         .sign(key, hashes.SHA256())
@@ -214,8 +223,8 @@ def _serve_tokens(service: _TokenService, port: int) -> Iterator[str]:
         server.server_close()
 
 
-def _config(root: Path, port: int, debug_port: int, auth: dict[str, Any], tls: dict[str, str] | None) -> str:
-    http: dict[str, Any] = {"addr": f"127.0.0.1:{port}", "debug": {"addr": f"127.0.0.1:{debug_port}"}}
+def _config(root: Path, addr: str, debug_port: int, auth: dict[str, Any], tls: dict[str, str] | None) -> str:
+    http: dict[str, Any] = {"addr": addr, "debug": {"addr": f"127.0.0.1:{debug_port}"}}
     if tls:
         http["tls"] = tls
     doc = {
@@ -230,40 +239,63 @@ def _config(root: Path, port: int, debug_port: int, auth: dict[str, Any], tls: d
 
 @contextlib.contextmanager
 def run_registry(
-    workdir: Path, *, auth: str | None = None, tls: bool = False, timeout_s: float = 30.0
+    workdir: Path,
+    *,
+    auth: str | None = None,
+    tls: bool = False,
+    timeout_s: float = 30.0,
+    listen_host: str = "127.0.0.1",
+    netns: Namespace | None = None,
 ) -> Iterator[Registry]:
     """A registry until the block ends. ``auth``: None, ``"htpasswd"`` (Basic) or ``"token"`` (Bearer);
-    the login is ``lorapool``/a random password. ``tls``: HTTPS with a self-signed certificate."""
+    the login is ``lorapool``/a random password. ``tls``: HTTPS with a self-signed certificate.
+
+    ``listen_host``/``netns``: a registry on another address of another network namespace (the real
+    node's, whose pods cannot reach this machine's loopback): the ports are chosen, the process
+    started (it inherits the namespace of the thread that forks it) and its health read from inside
+    ``netns``; its clients must run there too. The token service then listens in ``netns`` as well."""
     workdir.mkdir(parents=True, exist_ok=True)
-    port, debug_port, token_port = free_ports(3)
-    username, password = ("lorapool", os.urandom(9).hex()) if auth else (None, None)
-    cert, key = self_signed(workdir) if (tls or auth == "token") else (None, None)
     with contextlib.ExitStack() as stack:
-        auth_doc: dict[str, Any] = {}
-        if auth == "htpasswd":
-            assert username is not None and password is not None
-            (workdir / "htpasswd").write_text(htpasswd_line(username, password) + "\n")
-            auth_doc = {"htpasswd": {"realm": SERVICE, "path": str(workdir / "htpasswd")}}
-        elif auth == "token":
-            assert username is not None and password is not None and key is not None
-            realm = stack.enter_context(_serve_tokens(_TokenService(key, username, password), token_port))
-            auth_doc = {"token": {"realm": realm, "service": SERVICE, "issuer": SERVICE, "rootcertbundle": str(cert)}}
-        tls_doc = {"certificate": str(cert), "key": str(key)} if tls else None
-        config = workdir / "config.yml"
-        config.write_text(_config(workdir, port, debug_port, auth_doc, tls_doc))
-        proc: RunningProcess = stack.enter_context(
-            start_process(
-                [str(registry_binary()), "serve", str(config)],
-                f"http://127.0.0.1:{debug_port}/debug/health",
-                timeout_s,
-            )
+        with netns.entered() if netns is not None else contextlib.nullcontext():
+            registry = _start(stack, workdir, auth, tls, timeout_s, listen_host)
+        yield registry
+
+
+def _start(
+    stack: contextlib.ExitStack, workdir: Path, auth: str | None, tls: bool, timeout_s: float, listen_host: str
+) -> Registry:
+    """Configure and start the registry (and its token service), each stopped when ``stack`` closes."""
+    # The debug and token listeners stay on loopback; the registry's own port must be free on listen_host.
+    port, debug_port, token_port = (
+        free_ports(3) if listen_host == "127.0.0.1" else (free_port(listen_host), *free_ports(2))
+    )
+    username, password = ("lorapool", os.urandom(9).hex()) if auth else (None, None)
+    cert, key = self_signed(workdir, ip=listen_host) if (tls or auth == "token") else (None, None)
+    auth_doc: dict[str, Any] = {}
+    if auth == "htpasswd":
+        assert username is not None and password is not None
+        (workdir / "htpasswd").write_text(htpasswd_line(username, password) + "\n")
+        auth_doc = {"htpasswd": {"realm": SERVICE, "path": str(workdir / "htpasswd")}}
+    elif auth == "token":
+        assert username is not None and password is not None and key is not None
+        realm = stack.enter_context(_serve_tokens(_TokenService(key, username, password), token_port))
+        auth_doc = {"token": {"realm": realm, "service": SERVICE, "issuer": SERVICE, "rootcertbundle": str(cert)}}
+    tls_doc = {"certificate": str(cert), "key": str(key)} if tls else None
+    config = workdir / "config.yml"
+    config.write_text(_config(workdir, f"{listen_host}:{port}", debug_port, auth_doc, tls_doc))
+    proc: RunningProcess = stack.enter_context(
+        start_process(
+            [str(registry_binary()), "serve", str(config)],
+            f"http://127.0.0.1:{debug_port}/debug/health",
+            timeout_s,
         )
-        del proc
-        yield Registry(
-            host=f"127.0.0.1:{port}",
-            plain_http=not tls,
-            ca_file=cert if tls else None,
-            username=username,
-            password=password,
-            root=workdir / "data",
-        )
+    )
+    del proc
+    return Registry(
+        host=f"{listen_host}:{port}",
+        plain_http=not tls,
+        ca_file=cert if tls else None,
+        username=username,
+        password=password,
+        root=workdir / "data",
+    )
