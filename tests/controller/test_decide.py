@@ -288,3 +288,26 @@ def test_presence_collects_the_digests_serving_replicas_hold() -> None:
             pod("p3", "sha256:y", terminating=True)]  # fmt: skip
     got = presence({"a": identity}, pods)["a"]
     assert (got.loaded, got.revisions) == (2, ("sha256:new", "sha256:old"))
+
+
+def test_an_adapter_placed_on_no_replica_says_so_on_its_own_object_and_needs_a_human() -> None:
+    """At 10,000 adapters on 16 replicas x maxCpuLoras 615, 160 fit nowhere: their LoRAAdapters said
+    "Loading: no ready replica reports it loaded yet" for ever. Now Ready and Degraded name the room."""
+    from lorapool.controller.status import NO_ROOM, unplaced_message
+    from lorapool.plan.holders import decide_placement
+    from tests.plan.test_holders import pool as sized_pool
+
+    p = sized_pool(12, replicas=2)
+    placement = decide_placement(p, [f"a{i}" for i in range(12)], 5, {}, {}, now=0.0)  # 10 places for 12
+    unplaced = [a for a in (f"a{i}" for i in range(12)) if unplaced_message(placement, a)]
+    assert len(unplaced) == 2 and placement.status.unplaced == 2
+    why = unplaced_message(placement, unplaced[0])
+    assert "2 replicas x maxCpuLoras 5 hold 10 adapters and 2 more do not fit" in why
+    status = adapter_object_status("p", 1, AdapterResult(unplaced[0], "LoRAAdapter", 8, LOADING), placed=0, no_room=why)
+    conditions = {c.type: c for c in status.conditions}
+    assert (conditions["Ready"].status, conditions["Ready"].reason) == ("False", NO_ROOM)
+    assert (conditions["Degraded"].status, conditions["Degraded"].reason) == ("True", NO_ROOM)
+    assert "raise spec.replicas or spec.lora.maxCpuLoras" in conditions["Degraded"].message
+    placed = next(a for a in (f"a{i}" for i in range(12)) if a not in unplaced)
+    assert unplaced_message(placement, placed) == ""  # a placed adapter: no such words
+    assert unplaced_message(None, placed) == ""  # every replica holds everything

@@ -44,6 +44,7 @@ from lorapool.controller.status import (
     merge_conditions,
     pool_status,
     status_changed,
+    unplaced_message,
 )
 from lorapool.controller.workqueue import bounded_map
 from lorapool.controller.writes import AdapterEvent, TokenBucket, WriteFailure
@@ -525,6 +526,7 @@ class PoolReconciler:
                 placed=observed.placement.placed(r.name, pool.spec.replicas)
                 if observed.placement and r.phase not in (AdapterPhase.FAILED, AdapterPhase.CONFLICT)
                 else None,
+                no_room=unplaced_message(observed.placement, r.name),
             )
             items.append((raw, status))
         failures, events = await self._write_adapter_statuses_of(items, now)

@@ -272,8 +272,8 @@ def _adapter_status(a: AdapterResult, p: Presence, placement: Placement | None, 
     placed = placement.placed(a.name, replicas) if placement and served else None
     k = placement.k.get(a.name) if placement and served else None
     message = served_message(a, p)
-    if placed == 0 and replicas and not message:
-        message = "placed on no replica: no replica has room (see status.placement)"
+    if served and not message:
+        message = unplaced_message(placement, a.name)
     return AdapterStatus(
         name=a.name,
         source_kind=a.origin,
@@ -429,10 +429,12 @@ def adapter_object_status(
     routable: bool = True,
     blocked: str = "",
     placed: int | None = None,
+    no_room: str = "",
 ) -> LoRAAdapterStatus:
     """The status of one LoRAAdapter attached to ``pool``: Accepted (the verdict), Ready (an engine
     holds it and the router serves: a request for it succeeds), Degraded (a human must act).
-    ``blocked``: why the pool serves nothing now (its plan's problems), so no engine will load it."""
+    ``blocked``: why the pool serves nothing now (its plan's problems), so no engine will load it.
+    ``no_room``: why placement put it on no replica (``unplaced_message``): it waits for a human too."""
     accepted = r.phase in (AdapterPhase.LOADING, AdapterPhase.READY)
     verdict = adapter_reason(r.phase)
     phase = served_phase(r, p)
@@ -446,6 +448,8 @@ def adapter_object_status(
         ready = condition(READY, False, "WaitingForRouter", f"pool {pool}'s router has no ready pod yet", generation)
     elif p.failed:
         ready = condition(READY, False, "LoadFailed", p.failure_message(), generation)
+    elif no_room and accepted:
+        ready = condition(READY, False, NO_ROOM, f"pool {pool}: {no_room}", generation)
     elif r.phase == AdapterPhase.PENDING:
         ready = condition(READY, False, verdict, r.message or "waiting for its adapter_config.json", generation)
     else:
@@ -457,6 +461,8 @@ def adapter_object_status(
         degraded_why = r.message
     if not degraded_why and p.failures:
         degraded_why, degraded_reason = p.failure_message(), "LoadFailed"
+    if not degraded_why and no_room and accepted and phase != AdapterPhase.READY:
+        degraded_why, degraded_reason = f"pool {pool}: {no_room}", NO_ROOM
     return LoRAAdapterStatus(
         observed_generation=generation,
         pool=pool,
@@ -473,6 +479,21 @@ def adapter_object_status(
                 DEGRADED, bool(degraded_why), degraded_reason if degraded_why else "Healthy", degraded_why, generation
             ),
         ],
+    )
+
+
+NO_ROOM = "NoRoom"  # placed on no replica: every replica's CPU cache (maxCpuLoras) is taken
+
+
+def unplaced_message(placement: Placement | None, adapter: str) -> str:
+    """Why ``adapter`` is on no replica, or "" when it has one (or every replica holds everything)."""
+    if placement is None or placement.holders is None or placement.holders.get(adapter):
+        return ""
+    st = placement.status
+    return (
+        f"placed on no replica: its {st.slots} replicas x maxCpuLoras {st.capacity} hold "
+        f"{st.slots * st.capacity} adapters and {st.unplaced} more do not fit; raise spec.replicas or "
+        "spec.lora.maxCpuLoras (status.placement of the pool)"
     )
 
 

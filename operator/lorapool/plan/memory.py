@@ -89,8 +89,9 @@ def reserve_bytes(dims: ModelDims, *, dtype_size: int, tp: int, max_num_seqs: in
 
 
 def gb(n: int) -> str:
-    """Bytes as the reasons and refusals print them: decimal GB, one decimal."""
-    return f"{n / 1e9:.1f} GB"
+    """Bytes as the reasons and refusals print them: decimal GB, one decimal; below 0.1 GB in MB (a
+    rank-8 adapter's 50 MB must not read "0.0 GB")."""
+    return f"{n / 1e9:.1f} GB" if n >= 100_000_000 else f"{n / 1e6:.0f} MB"
 
 
 @dataclass(frozen=True)
