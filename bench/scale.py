@@ -94,16 +94,18 @@ class Operator:
     tree: Path
     kubeconfig: Path
     log: Path
+    args: Sequence[str] = ()
     proc: subprocess.Popen[bytes] | None = None
     metrics_port: int = 0
 
     def start(self) -> None:
         live, self.metrics_port = free_port(), free_port()
-        extra = ["--namespace", sr.NS, "--no-leader-election", "--image", "lorapool:test"]
+        extra = ["--namespace", sr.NS, "--no-leader-election", "--image", "lorapool:test", *self.args]
         argv = operator_argv(
             kubeconfig=self.kubeconfig, metrics_port=self.metrics_port, liveness_port=live, extra=extra
         )
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(self.tree / "operator"), str(self.tree)])}
+        path = os.pathsep.join([str(self.tree / "operator"), str(self.tree)])
+        env = {**os.environ, "PYTHONPATH": path, "MALLOC_ARENA_MAX": "2"}  # as the chart runs it
         with self.log.open("ab") as out:
             proc = self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
         wait_until(
@@ -485,8 +487,13 @@ def changes(run: Run) -> None:
 
 
 def restart(run: Run) -> None:
-    """SIGKILL the operator, start it again, and count what it writes until it goes quiet."""
+    """SIGKILL the operator once it has written all it had to, start it again, and count what it writes
+    until it goes quiet. Killed earlier, its queued writes (the last step's pool status) would be the
+    restart's, and counted against it."""
+    with run.step("the operator to go quiet before the kill"):
+        wait_quiet(run.audit, 15.0, run.p.timeout_s)
     before = engine_templates(run.api, run.p.pool_names())
+    statuses = pool_statuses(run.api, run.p.pool_names())
     offset = audit_size(run.audit)
     run.operator.kill()
     t0 = time.monotonic()
@@ -500,6 +507,15 @@ def restart(run: Run) -> None:
         after = engine_templates(run.api, run.p.pool_names())
         run.m.update(restart_writes=sr.total(by), restart_by=by, restart_rss_mb=rss, restart_cpu_s=cpu)
         run.m["restart_templates"] = sum(after.values()) - sum(before.values())
+        now = pool_statuses(run.api, run.p.pool_names())
+        run.m["restart_status_changes"] = [
+            f"{pool}{line}" for pool in statuses for line in sr.changed_paths(statuses[pool], now.get(pool))
+        ][:20]
+
+
+def pool_statuses(api: Api, pools: Sequence[str]) -> dict[str, Any]:
+    """Each pool's status as stored: the restart's pool writes are judged by what they changed."""
+    return {pool: api.call("GET", sr.custom("lorapools", pool)).get("status") for pool in pools}
 
 
 # --- the command --------------------------------------------------------------------------------
@@ -531,6 +547,7 @@ def measure(p: sr.Params, tree: Path, work: Path) -> dict[str, Any]:
             "adapters_per_pool": p.adapters_per_pool,
             "replicas": p.replicas,
             "clients": p.clients,
+            "operator_args": list(p.operator_args),
         },
     }
     audit = work / "audit.log"
@@ -538,7 +555,7 @@ def measure(p: sr.Params, tree: Path, work: Path) -> dict[str, Any]:
         sa = install(cluster, tree)
         source = "file://" + str(write_peft_adapter(work / "adapter", rank=8, base_model=sr.BASE))
         api = Api(cluster.kubeconfig)
-        operator = Operator(tree, sa, work / "operator.log")
+        operator = Operator(tree, sa, work / "operator.log", p.operator_args)
         operator.start()
         watcher = Watcher(Api(cluster.kubeconfig))
         watcher.start()

@@ -56,6 +56,7 @@ class Params:
     replicas: int
     clients: int
     timeout_s: float
+    operator_args: tuple[str, ...] = ()
 
     @property
     def scenario(self) -> str:
@@ -86,6 +87,13 @@ def parser(repo: Path) -> argparse.ArgumentParser:
     ap.add_argument(
         "--work", type=Path, default=Path("/tmp/lorapool-scale"), help="cluster state, audit and operator logs"
     )
+    ap.add_argument(
+        "--operator-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="one more flag for the operator, e.g. --operator-arg=--status-write-qps=400 (repeatable)",
+    )
     ap.add_argument("--report", action="store_true", help="print the RESULTS.md section of OUT/scale-*.json and exit")
     return ap
 
@@ -102,7 +110,8 @@ def params_of(a: argparse.Namespace) -> Params:
         raise ValueError(f"--replicas={a.replicas}: must be at least 1")
     if a.timeout_s <= 0:
         raise ValueError(f"--timeout-s={a.timeout_s}: must be positive")
-    return Params(a.pools, per_pool, a.replicas or (16 if a.pools == 1 else 1), a.clients, a.timeout_s)
+    replicas = a.replicas or (16 if a.pools == 1 else 1)
+    return Params(a.pools, per_pool, replicas, a.clients, a.timeout_s, tuple(a.operator_arg))
 
 
 def pool_doc(name: str, replicas: int, env: Sequence[dict[str, str]] = ()) -> dict[str, Any]:
@@ -111,8 +120,13 @@ def pool_doc(name: str, replicas: int, env: Sequence[dict[str, str]] = ()) -> di
         "gpu": {"product": "A100-80GB", "count": 1},
         "replicas": replicas,
         "lora": {"maxLoras": "auto", "maxLoraRank": "auto", "maxCpuLoras": "auto"},
-        "vllm": {"maxModelLen": 8192, "gpuMemoryUtilization": 0.9, "env": list(env)},
-    }
+        # 10,000 adapters over 16 replicas is 625 a replica: the default pod memory (weights + 32 GiB)
+        # caches 615 rank-8 adapters, so 160 would fit nowhere (the pool says so); 64 GiB caches ~900.
+        "vllm": {
+            "maxModelLen": 8192, "gpuMemoryUtilization": 0.9, "env": list(env),
+            "resources": {"limits": {"memory": "64Gi"}, "requests": {"memory": "64Gi"}},
+        },
+    }  # fmt: skip
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "LoRAPool", "metadata": {"name": name}, "spec": spec}
 
 
@@ -388,6 +402,26 @@ def largest(objects: Iterable[tuple[str, str, int]], top: int = 5) -> list[dict[
     return sorted(rows, key=lambda r: -float(r["fraction"]))[:top]
 
 
+def changed_paths(before: Any, after: Any, path: str = "", limit: int = 20) -> list[str]:
+    """Where two JSON documents differ, as ``path: before -> after`` lines (values clipped): what a
+    write after a restart changed, so a rewrite names its cause."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        out: list[str] = []
+        for key in sorted(set(before) | set(after)):
+            out += changed_paths(before.get(key), after.get(key), f"{path}.{key}", limit - len(out))
+            if len(out) >= limit:
+                break
+        return out[:limit]
+    if isinstance(before, list) and isinstance(after, list) and len(before) == len(after):
+        out = []
+        for i, (b, a) in enumerate(zip(before, after, strict=True)):
+            out += changed_paths(b, a, f"{path}[{i}]", limit - len(out))
+        return out[:limit]
+    if before == after:
+        return []
+    return [f"{path or '.'}: {json.dumps(before)[:120]} -> {json.dumps(after)[:120]}"]
+
+
 def template_counts(replicasets: Iterable[tuple[str, str]]) -> dict[str, int]:
     """Distinct engine pod templates per pool from (pool, ReplicaSet name) pairs: one per ReplicaSet."""
     seen: dict[str, set[str]] = {}
@@ -440,6 +474,7 @@ def _details(m: Mapping[str, Any]) -> list[str]:
         f"- engine pod templates per pool: max {m.get('max_engine_templates')}, after restart +{fmt(m.get('restart_templates'), 0)}",
         f"- operator writes: {total(writes)} ({', '.join(f'{k}: {v}' for k, v in top)})",
         f"- after restart: {fmt(m.get('restart_writes'), 0)} ({', '.join(f'{k}: {v}' for k, v in (m.get('restart_by') or {}).items())})",
+        *(f"- rewritten by the restart: `{line}`" for line in m.get("restart_status_changes") or []),
     ]
     lines += [
         f"- largest: {b['kind']} {b['name']} {b['bytes']} B ({b['fraction']:.1%} of {b['limit']})" for b in big[:3]

@@ -254,6 +254,25 @@ def test_the_two_documented_scenarios() -> None:
     assert len({n for v in names.values() for n in v}) == 10_000  # LoRAAdapter names are unique ids
 
 
+def test_operator_flags_pass_through_in_order() -> None:
+    p = params("--adapters", "10", "--operator-arg=--status-write-qps=400", "--operator-arg=--log-level=WARNING")
+    assert p.operator_args == ("--status-write-qps=400", "--log-level=WARNING")
+    assert params("--adapters", "10").operator_args == ()
+
+
+def test_a_restarts_write_is_named_by_the_paths_it_changed() -> None:
+    before = {"adapterCount": 2000, "conditions": [{"type": "Ready", "message": "2000/2000"}], "same": [1, 2]}
+    after = {"adapterCount": 2001, "conditions": [{"type": "Ready", "message": "2001/2001"}], "same": [1, 2], "new": 1}
+    assert sr.changed_paths(before, after) == [
+        ".adapterCount: 2000 -> 2001",
+        '.conditions[0].message: "2000/2000" -> "2001/2001"',
+        ".new: null -> 1",
+    ]
+    assert sr.changed_paths(before, before) == []
+    assert sr.changed_paths([1], [1, 2]) == [".: [1] -> [1, 2]"]  # a list that grew is one change
+    assert len(sr.changed_paths({str(i): i for i in range(50)}, {str(i): -i for i in range(50)})) == 20  # bounded
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
