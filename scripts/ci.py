@@ -93,7 +93,8 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="lorapool-tiers-") as tmp:
         times = Path(tmp) / "tiers.json"
         env = {**os.environ, TIMES_ENV: str(times)}
-        code, wall = step([sys.executable, "-m", "pytest", "-q", *pytest_args], env=env)
+        # --durations: the slowest tests, named in the log, for whoever trims a tier over its budget
+        code, wall = step([sys.executable, "-m", "pytest", "-q", "--durations=25", *pytest_args], env=env)
         measured += tier_times(times, wall)
     return finish(code)
 
