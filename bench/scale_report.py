@@ -42,7 +42,13 @@ AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1",
     "kind": "Policy",
     "omitStages": ["RequestReceived"],
-    "rules": [
+    "rules": [  # the pools' status writes with their bodies: what a restart's writes changed
+        {
+            "level": "Request",
+            "users": [OPERATOR_USER],
+            "verbs": ["patch"],
+            "resources": [{"group": "lorapool.io", "resources": ["lorapools/status"]}],
+        },
         {"level": "Metadata", "users": [OPERATOR_USER], "verbs": sorted(WRITE_VERBS)},
         {"level": "None"},
     ],
@@ -290,6 +296,22 @@ def _kind(resource: str, subresource: str) -> str:
     return f"{resource}/{subresource}" if subresource else resource
 
 
+def pool_status_patches(lines: Iterable[str]) -> list[tuple[str, dict[str, Any]]]:
+    """(pool, the status it was patched with) of each pool status write in audit lines, in order."""
+    out = []
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        ref, body = event.get("objectRef") or {}, event.get("requestObject")
+        if event.get("stage") != "ResponseComplete" or not isinstance(body, dict):
+            continue
+        if ref.get("resource") == "lorapools" and ref.get("subresource") == "status":
+            out.append((str(ref.get("name")), body.get("status") or {}))
+    return out
+
+
 def audit_writes(lines: Iterable[str]) -> Counter[str]:
     """Write requests in kube-apiserver audit lines (JSON events), keyed "resource[/sub] verb code".
 
@@ -466,7 +488,8 @@ def _details(m: Mapping[str, Any]) -> list[str]:
     lines = [
         f"- adapters Accepted by the end of that wait: {m.get('accepted_count')} (all in {fmt(m.get('accepted_s'), 1)} s from the first create); "
         f"Ready by the end of that wait: {m.get('ready_count')} (all in {fmt(m.get('ready_after_reports_s'), 1)} s from the reports); "
-        f"created in {fmt(m.get('create_s'), 1)} s by {m.get('clients')} clients",
+        f"created in {fmt(m.get('create_s'), 1)} s by {m.get('clients')} clients; Accepted and Ready as a "
+        f"client saw them, listing every {fmt(m.get('watch_resolution_s'), 1)} s at most",
         f"- operator CPU {fmt(m.get('cpu_s'), 1)} s, peak RSS {fmt(m.get('peak_rss_mb'), 0)} MB; "
         f"after restart CPU {fmt(m.get('restart_cpu_s'), 1)} s, peak RSS {fmt(m.get('restart_rss_mb'), 0)} MB",
         f"- one more adapter Accepted in {fmt(m.get('one_more_s'))} s; one change idle {fmt(m.get('change_idle_s'))} s, "
@@ -475,6 +498,7 @@ def _details(m: Mapping[str, Any]) -> list[str]:
         f"- operator writes: {total(writes)} ({', '.join(f'{k}: {v}' for k, v in top)})",
         f"- after restart: {fmt(m.get('restart_writes'), 0)} ({', '.join(f'{k}: {v}' for k, v in (m.get('restart_by') or {}).items())})",
         *(f"- rewritten by the restart: `{line}`" for line in m.get("restart_status_changes") or []),
+        *(f"- a restart's pool status write: `{line}`" for line in m.get("restart_status_writes") or []),
     ]
     lines += [
         f"- largest: {b['kind']} {b['name']} {b['bytes']} B ({b['fraction']:.1%} of {b['limit']})" for b in big[:3]

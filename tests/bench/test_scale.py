@@ -320,3 +320,25 @@ def test_section_puts_the_newest_run_first() -> None:
     old["date"], new["params"] = "2026-12-06T10:00:00+00:00", {**new["params"], "pools": 100}
     text = sr.section([old, new])
     assert text.index("many-pools: 100 pool(s)") < text.index("one-pool")
+
+
+def test_pool_status_patches_are_read_from_request_level_audit_lines_in_order() -> None:
+    def line(resource: str, sub: str, status: dict[str, Any] | None, stage: str = "ResponseComplete") -> str:
+        event: dict[str, Any] = {
+            "stage": stage,
+            "verb": "patch",
+            "objectRef": {"resource": resource, "name": "big", "subresource": sub},
+        }
+        if status is not None:
+            event["requestObject"] = {"status": status}
+        return json.dumps(event)
+
+    lines = [
+        line("lorapools", "status", {"adapterCount": 1}),
+        line("lorapools", "status", {"adapterCount": 2}, stage="RequestReceived"),  # not complete: left out
+        line("loraadapters", "status", {"phase": "Ready"}),  # not a pool
+        line("lorapools", "status", None),  # Metadata level: no body
+        '{"cut',
+        line("lorapools", "status", {"adapterCount": 3}),
+    ]
+    assert sr.pool_status_patches(lines) == [("big", {"adapterCount": 1}), ("big", {"adapterCount": 3})]
