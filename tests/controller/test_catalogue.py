@@ -17,6 +17,7 @@ from typing import Any, cast
 
 import pytest
 
+from lorapool.api import mergepatch
 from lorapool.api.status import AdapterPhase, LoRAPoolStatus
 from lorapool.controller.index import AdapterIndex
 from lorapool.controller.reconcile import PoolReconciler, Settings
@@ -185,7 +186,7 @@ def test_the_index_keeps_adapters_by_pool_and_the_watch_wins_over_the_initial_li
     index.observe("MODIFIED", adapter("old", pool="q"))  # it left p
     assert [a["metadata"]["name"] for a in index.of_pool("ml", "q")] == ["moved", "old"]
     index.record_status("ml", "old", {"phase": "Ready", "rank": None})
-    assert index.of_pool("ml", "q")[1]["status"] == {"phase": "Ready", "rank": None}
+    assert index.of_pool("ml", "q")[1]["status"] == {"phase": "Ready"}  # null removes, as on the server
     index.observe("DELETED", adapter("old", pool="q"))
     assert len(index) == 2 and index.of_pool("ml", "p")[0]["metadata"]["name"] == "new"
     index.observe(None, {"metadata": {}})  # no name: ignored, not a crash
@@ -264,7 +265,7 @@ class Api:
     def patch_status(self, kind: str, namespace: str, name: str, status: dict[str, Any]) -> None:
         self.calls["status", kind] += 1
         obj = self.objects[(kind, namespace, name)]
-        obj["status"] = {**(obj.get("status") or {}), **status}
+        obj["status"] = mergepatch.apply(obj.get("status") or {}, status)  # as the API server merges
         self.version += 1
         obj["metadata"]["resourceVersion"] = str(self.version)
         if kind == "LoRAAdapter":

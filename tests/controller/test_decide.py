@@ -302,7 +302,7 @@ def test_an_adapter_placed_on_no_replica_says_so_on_its_own_object_and_needs_a_h
     unplaced = [a for a in (f"a{i}" for i in range(12)) if unplaced_message(placement, a)]
     assert len(unplaced) == 2 and placement.status.unplaced == 2
     why = unplaced_message(placement, unplaced[0])
-    assert "2 replicas x maxCpuLoras 5 hold 10 adapters and 2 more do not fit" in why
+    assert "2 replicas x maxCpuLoras 5 are full (10 adapters)" in why
     status = adapter_object_status("p", 1, AdapterResult(unplaced[0], "LoRAAdapter", 8, LOADING), placed=0, no_room=why)
     conditions = {c.type: c for c in status.conditions}
     assert (conditions["Ready"].status, conditions["Ready"].reason) == ("False", NO_ROOM)

@@ -18,6 +18,8 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
+from lorapool.api import mergepatch
+
 Key = tuple[str, str]  # (namespace, name)
 
 
@@ -79,7 +81,7 @@ class AdapterIndex:
         """What the operator just wrote (merged like the merge patch it sent), until the watch's echo."""
         obj = self._objects.get((namespace, name))
         if obj is not None:
-            obj["status"] = {**(obj.get("status") or {}), **copy.deepcopy(dict(status))}
+            obj["status"] = mergepatch.apply(obj.get("status") or {}, status)
 
     def __len__(self) -> int:
         return len(self._objects)

@@ -25,6 +25,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from lorapool.api import mergepatch
 from lorapool.api.clock import rfc3339
 from lorapool.api.models import LoRAPool
 from lorapool.api.pods import EnginePod, RouterPod, engine_pods, router_pods
@@ -404,7 +405,7 @@ class PoolReconciler:
         stamped = status.model_copy(
             update={"conditions": merge_conditions(current.get("conditions") or [], status.conditions, rfc3339(now))}
         )
-        patch = stamped.to_patch()
+        patch = mergepatch.patch_of(current, stamped.to_patch())  # a key gone from a nested map is sent as null
         return stamped, patch if status_changed(current, patch) else None
 
     async def _write_status(self, raw: Mapping[str, Any], status: LoRAPoolStatus, now: float) -> WriteFailure | None:

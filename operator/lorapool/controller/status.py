@@ -489,11 +489,10 @@ def unplaced_message(placement: Placement | None, adapter: str) -> str:
     """Why ``adapter`` is on no replica, or "" when it has one (or every replica holds everything)."""
     if placement is None or placement.holders is None or placement.holders.get(adapter):
         return ""
-    st = placement.status
-    return (
-        f"placed on no replica: its {st.slots} replicas x maxCpuLoras {st.capacity} hold "
-        f"{st.slots * st.capacity} adapters and {st.unplaced} more do not fit; raise spec.replicas or "
-        "spec.lora.maxCpuLoras (status.placement of the pool)"
+    st = placement.status  # no count of the others here: it would rewrite every unplaced adapter's status
+    return (  # each time one more fits or not (the pool's status.placement counts them)
+        f"placed on no replica: its {st.slots} replicas x maxCpuLoras {st.capacity} are full "
+        f"({st.slots * st.capacity} adapters); raise spec.replicas or spec.lora.maxCpuLoras"
     )
 
 
