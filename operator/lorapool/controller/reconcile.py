@@ -21,6 +21,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -445,14 +446,16 @@ class PoolReconciler:
         return None, [AdapterEvent(name, e.reason, e.message, e.type) for e in events]
 
     async def _write_adapter_statuses_of(
-        self, items: Sequence[tuple[Mapping[str, Any], LoRAAdapterStatus]], now: float
+        self, items: Sequence[tuple[Mapping[str, Any], Callable[[], LoRAAdapterStatus]]], now: float
     ) -> tuple[list[WriteFailure], list[AdapterEvent]]:
-        """Many LoRAAdapters' statuses, ``write_concurrency`` at a time; their failures and Events."""
+        """Many LoRAAdapters' statuses, ``write_concurrency`` at a time; their failures and Events. Each
+        status is made by its writer (``items`` hold how to make it): 10,000 status models made up front
+        were most of a reconcile's peak memory."""
 
         async def one(
-            item: tuple[Mapping[str, Any], LoRAAdapterStatus],
+            item: tuple[Mapping[str, Any], Callable[[], LoRAAdapterStatus]],
         ) -> tuple[WriteFailure | None, list[AdapterEvent]]:
-            return await self._write_adapter_status(*item, now)
+            return await self._write_adapter_status(item[0], item[1](), now)
 
         done = await bounded_map(one, items, self.settings.write_concurrency)
         return [f for f, _ in done if f is not None], [e for _, events in done for e in events]
@@ -481,7 +484,7 @@ class PoolReconciler:
         on those being deleted (a namespace being deleted takes the pool and its adapters together)."""
         bodies = await self._read_adapters(namespace, name)
         items = [
-            (raw, adapter_object_status(name, raw["metadata"].get("generation"), verdict))
+            (raw, partial(adapter_object_status, name, raw["metadata"].get("generation"), verdict))
             for raw in bodies
             if decide.points_at(raw, name) and not raw["metadata"].get("deletionTimestamp")
             for verdict in [decide.missing_pool(namespace, name, raw["metadata"]["name"])]
@@ -517,7 +520,8 @@ class PoolReconciler:
             if r is None or not decide.points_at(raw, pool.metadata.name) or meta.get("deletionTimestamp"):
                 continue
             presence = observed.of(r.name) if r.phase != AdapterPhase.CONFLICT else NOWHERE
-            status = adapter_object_status(
+            make_status = partial(
+                adapter_object_status,
                 pool.metadata.name,
                 meta.get("generation"),
                 r,
@@ -529,7 +533,7 @@ class PoolReconciler:
                 else None,
                 no_room=unplaced_message(observed.placement, r.name),
             )
-            items.append((raw, status))
+            items.append((raw, make_status))
         failures, events = await self._write_adapter_statuses_of(items, now)
         await self._post_adapter_events(pool_raw, {raw["metadata"]["name"]: raw for raw, _ in items}, events)
         return failures
