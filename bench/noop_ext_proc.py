@@ -4,7 +4,8 @@
 
 It speaks the endpoint picker protocol exactly as ``lorapool router --ext-proc-port`` does under
 ``FULL_DUPLEX_STREAMED`` (the same answers from ``router.picker.protocol``: the pick after the
-request body's end, every chunk echoed at once, TLS with a self-signed pair by default), but names
+request body's end, the body echoed in one piece, an event stream's chunks at once and a JSON
+answer whole at its end, TLS with a self-signed pair by default), but names
 the one ``--endpoint`` without parsing the body, scheduling or counting, on the router's event loop (uvloop). Behind the same Envoy
 in the overhead cell, the gap between it and the picker is what lorapool's policy costs; what it
 adds over plain Envoy is what a Python gRPC ext_proc round trip costs (bench/overhead.py).
@@ -33,6 +34,7 @@ class NoopPicker:
 
     async def Process(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
         held: list[bytes] = []
+        stream = False  # the response is an event stream: its chunks go on at once
         async for message in requests:
             kind = message.WhichOneof("request")
             if kind == "request_headers":
@@ -43,13 +45,26 @@ class NoopPicker:
                 held.append(message.request_body.body)
                 if message.request_body.end_of_stream:
                     yield protocol.picked([self.endpoint], phase="request_headers")
-                    for i, chunk in enumerate(held):
-                        yield protocol.echo(chunk, i == len(held) - 1, phase="request_body")
+                    for answer in protocol.echo_held(b"".join(held), True, phase="request_body"):
+                        yield answer
                     held = []
                 continue
-            if kind == "response_body":
+            if kind == "response_headers":
+                stream = (
+                    protocol.headers_of(message.response_headers)
+                    .get("content-type", "")
+                    .startswith("text/event-stream")
+                )
+            if kind == "response_body":  # as the picker answers: an event stream at once, JSON whole at its end
                 body = message.response_body
-                yield protocol.echo(body.body, body.end_of_stream, phase="response_body")
+                if stream:
+                    yield protocol.echo(body.body, body.end_of_stream, phase="response_body")
+                    continue
+                held.append(body.body)
+                if body.end_of_stream:
+                    for answer in protocol.echo_held(b"".join(held), True, phase="response_body"):
+                        yield answer
+                    held = []
                 continue
             yield protocol.proceed(kind)
 

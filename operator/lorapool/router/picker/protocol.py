@@ -37,6 +37,9 @@ BUFFERED: int = processing_mode_pb2.ProcessingMode.BUFFERED
 FULL_DUPLEX_STREAMED: int = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
 
 Response = Any  # ext.ProcessingResponse (protobuf classes carry no static types)
+# The largest body piece in one echo: some data planes cap a streamed chunk at 64 KiB (GIE's
+# picker sends 62,000 bytes at most for the same reason).
+ECHO_PIECE_BYTES = 62_000
 
 
 def headers_of(message: Any) -> dict[str, str]:
@@ -162,6 +165,18 @@ def echo(chunk: bytes, end_of_stream: bool, *, phase: str) -> Response:
     streamed = ext.StreamedBodyResponse(body=chunk, end_of_stream=end_of_stream)
     common = ext.CommonResponse(body_mutation=ext.BodyMutation(streamed_response=streamed))
     return ext.ProcessingResponse(**{phase: ext.BodyResponse(response=common)})
+
+
+def echo_held(body: bytes, end_of_stream: bool, *, phase: str) -> list[Response]:
+    """Held body bytes sent back in as few messages as Envoy takes: pieces of at most
+    ``ECHO_PIECE_BYTES``, ``end_of_stream`` on the last. Each message is a gRPC write and a
+    wakeup on both sides, so an empty end-of-stream chunk is not echoed on its own (GIE's picker
+    answers the same way)."""
+    if len(body) <= ECHO_PIECE_BYTES:
+        return [echo(body, end_of_stream, phase=phase)]
+    starts = range(0, len(body), ECHO_PIECE_BYTES)
+    last = starts[-1]
+    return [echo(body[i : i + ECHO_PIECE_BYTES], end_of_stream and i == last, phase=phase) for i in starts]
 
 
 def proceed(phase: str) -> Response:
