@@ -434,3 +434,37 @@ def test_shards_a_shrunk_set_no_longer_renders_are_deleted_once_and_only_the_poo
     lists = api.calls["list", "ConfigMap"]
     asyncio.run(reconciler.reconcile("ml", "p"))
     assert api.calls["list", "ConfigMap"] == lists == 1  # nothing changed: not looked for again
+
+
+def test_source_reads_are_bounded_across_pools_and_time_out_only_while_reading() -> None:
+    """Two pools reconciled at once share one bound on reads (2 here), and a read's timeout starts once
+    it runs: 20 reads of 50 ms in 2 lanes take 0.5 s, past the 0.2 s timeout, yet none times out (after
+    an operator restart, 100 pools' reads queued behind each other and 5,072 adapters were marked
+    unreadable)."""
+    running, peak = 0, 0
+
+    async def slow(source: str, revision: str | None, **_: Any) -> dict[str, Any]:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.05)
+        running -= 1
+        return await config_of(source, revision)
+
+    second = copy.deepcopy(pool_body())
+    second["metadata"].update(name="q", uid="pool-q")
+    adapters = [adapter(f"{pool}{i}", pool=pool, source=f"hf://acme/{pool}{i}") for pool in "pq" for i in range(10)]
+    index = AdapterIndex()
+    api: Any = Api(index, pool_body(), second, *adapters)
+    settings = Settings(render=RenderOptions(), metadata_concurrency=2, metadata_timeout_s=0.2)
+    reconciler = PoolReconciler(api, slow, settings, index=index)
+
+    async def both() -> None:
+        await asyncio.gather(reconciler.reconcile("ml", "p"), reconciler.reconcile("ml", "q"))
+
+    asyncio.run(both())
+    assert peak == 2
+    phases = {
+        a["metadata"]["name"]: api.objects["LoRAAdapter", "ml", a["metadata"]["name"]]["status"] for a in adapters
+    }
+    assert all(s["phase"] == "Loading" and s["rank"] == 8 for s in phases.values()), phases

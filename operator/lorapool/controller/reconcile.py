@@ -91,6 +91,7 @@ class PoolReconciler:
         self.cache = cache  # sized by the catalogue: the adapters of every pool this process reconciles
         self._clock = clock
         self._bucket = TokenBucket(settings.write_qps, settings.write_burst, now=clock())
+        self._bounds: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore, asyncio.Semaphore] | None = None
         self._catalogue: dict[tuple[str, str], int] = {}  # adapters per pool, for the cache's size
         self._placed: dict[tuple[str, str], Mapping[str, tuple[int, ...]] | None] = {}  # last holders per pool
         self._discovered: tuple[float, bool] | None = None  # (when, whether InferencePools are served)
@@ -256,12 +257,24 @@ class PoolReconciler:
         self._replans[key] = replan.catalogue_seen(self._replans.get(key), ranks, stamps, now)
         return engine, self._replans[key].changed_at
 
+    def _limits(self) -> tuple[asyncio.Semaphore, asyncio.Semaphore]:
+        """The operator's bounds on source reads and on status writes, for all pools together, taken
+        before a read's timeout starts. Per pool, 100 pools after a restart were 800 reads queued for
+        the 6 threads the API calls use too, and the 10 s timeouts ran out in that queue (5,072
+        adapters marked unreadable, every pool Degraded for a while). One pair per event loop."""
+        loop = asyncio.get_running_loop()
+        if self._bounds is None or self._bounds[0] is not loop:
+            reads, writes_ = self.settings.metadata_concurrency, self.settings.write_concurrency
+            self._bounds = (loop, asyncio.Semaphore(reads), asyncio.Semaphore(writes_))
+        return self._bounds[1], self._bounds[2]
+
     async def _read_adapter_metadata(self, pool: LoRAPool, adapters: Sequence[PoolAdapter]) -> list[AdapterResult]:
         """Each adapter's verdict from its adapter_config.json, read with bounded concurrency and a timeout."""
         base_model = pool.spec.base_model.name
 
         async def one(adapter: PoolAdapter) -> AdapterResult:
-            fetched = await fetch_adapter_metadata(pool, adapter, self.fetch, self.settings.metadata_timeout_s)
+            async with self._limits()[0]:
+                fetched = await fetch_adapter_metadata(pool, adapter, self.fetch, self.settings.metadata_timeout_s)
             return decide.judge_adapter(adapter, base_model, fetched)
 
         return await bounded_map(one, adapters, self.settings.metadata_concurrency)
@@ -434,12 +447,13 @@ class PoolReconciler:
             return None, []
         meta = raw["metadata"]
         namespace, name = meta["namespace"], meta["name"]
-        if (delay := self._bucket.reserve(self._clock())) > 0:
-            await asyncio.sleep(delay)
-        try:
-            await self._io(self.kube.patch_status, "LoRAAdapter", namespace, name, patch)
-        except ApiException as exc:
-            return (None if exc.status == 404 else _failure("status", "LoRAAdapter", name, exc)), []
+        async with self._limits()[1]:
+            if (delay := self._bucket.reserve(self._clock())) > 0:
+                await asyncio.sleep(delay)
+            try:
+                await self._io(self.kube.patch_status, "LoRAAdapter", namespace, name, patch)
+            except ApiException as exc:
+                return (None if exc.status == 404 else _failure("status", "LoRAAdapter", name, exc)), []
         if self.index is not None:
             self.index.record_status(namespace, name, patch)
         events = decide.adapter_events(raw.get("status") or {}, stamped)
