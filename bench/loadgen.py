@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import itertools
 import json
 import math
@@ -170,6 +171,7 @@ class RunResult:
     outcomes: list[Outcome] = field(default_factory=list)
     duration_s: float = 0.0
     late_starts: int = 0  # requests the generator itself sent > 5 ms late
+    connections_opened: int = 0  # TCP connections the client opened (= ``connections`` when it held them)
 
 
 async def _one(session: aiohttp.ClientSession, url: str, p: Planned, out: Outcome, t0: float, stream: bool) -> None:
@@ -229,15 +231,40 @@ async def run_open_loop(
     *,
     stream: bool = True,
     drain_timeout_s: float = 60.0,
+    connections: int = 0,
 ) -> RunResult:
-    """Send ``plan`` on schedule; wait up to ``drain_timeout_s`` after the last send."""
+    """Send ``plan`` on schedule; wait up to ``drain_timeout_s`` after the last send.
+
+    ``connections`` 0: a new connection whenever every open one is busy (aiohttp's pool). C > 0: exactly
+    C keep-alive connections, request i on connection i mod C, as C clients each holding one long-lived
+    connection (what an L4 front pins to one router). HTTP/1.1 has no pipelining, so a request waits
+    for its connection's previous answer: the schedule is kept per connection only while they keep up.
+    """
+    if connections < 0:
+        raise ValueError(f"connections={connections}: give 0 (a pool that grows) or the number to hold (>= 1)")
     result = RunResult()
-    connector = aiohttp.TCPConnector(limit=0, force_close=False)
     timeout = aiohttp.ClientTimeout(total=None, sock_read=drain_timeout_s + 60)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    trace = aiohttp.TraceConfig()
+
+    async def opened(*_: object) -> None:
+        result.connections_opened += 1
+
+    trace.on_connection_create_end.append(opened)
+    async with contextlib.AsyncExitStack() as stack:
+        sessions = [
+            await stack.enter_async_context(
+                aiohttp.ClientSession(
+                    connector=aiohttp.TCPConnector(limit=1 if connections else 0, force_close=False),
+                    timeout=timeout,
+                    trace_configs=[trace],
+                )
+            )
+            for _ in range(max(1, connections))
+        ]
         tasks: list[asyncio.Task[None]] = []
         t0 = time.perf_counter()
-        for p in plan:
+        for i, p in enumerate(plan):
+            session = sessions[i % len(sessions)]
             delay = p.at_s - (time.perf_counter() - t0)
             if delay > 0:
                 await asyncio.sleep(delay)

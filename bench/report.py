@@ -17,9 +17,9 @@ from bench import chaos, large_catalog_report, peer_report, real_engine, real_en
 from bench import sizing as sizing_cell
 from bench.formatting import fmt as _f
 from bench.results import across, runs_by_scenario
+from bench.scenarios import H_RATE_SYSTEMS, LORAPOOL_ROUND_ROBIN, NOT_BASELINES, ORACLE, several
 from bench.scenarios import LORAPOOL_AFFINITY as AFFINITY
-from bench.scenarios import LORAPOOL_ROUND_ROBIN, NOT_BASELINES, ORACLE
-from bench.targets import CAPACITY_ADDED_P99_MS, TARGETS, capacity
+from bench.targets import CAPACITY_ADDED_P99_MS, TARGETS, capacity, h_pairs
 
 METHOD = Path(__file__).with_name("METHOD.md")
 PLOTS = ("goodput.png", "ttft_p99.png", "overhead.png")
@@ -44,9 +44,10 @@ def sessions(data: dict[str, Any]) -> list[dict[str, Any]]:
 def headline(data: dict[str, Any]) -> list[dict[str, Any]]:
     """Per scenario: affinity vs round-robin, vs the best baseline and vs the oracle."""
     rows = []
+    regimes = {s["name"]: s.get("regime") for s in data.get("scenarios", [])}
     for name, runs in runs_by_scenario(data).items():
         aff = runs.get(AFFINITY)
-        if not aff:
+        if not aff or regimes.get(name) == "h":  # regime (h) compares routers with routers: its own section
             continue
         rr, oracle = runs.get(LORAPOOL_ROUND_ROBIN), runs.get(ORACLE)
         others = {k: v for k, v in runs.items() if k not in NOT_BASELINES}
@@ -114,6 +115,55 @@ def _headline(data: dict[str, Any]) -> list[str]:
             f" | {_f(row.get('goodput_vs_best_pct'), 1)} % | {_f(row.get('p99_vs_best_pct'), 1)} %"
             f" | {_f(row.get('goodput_of_oracle'))} | {_f(row.get('oracle_p99_over_aff'))} |"
         )
+    return [*lines, ""]
+
+
+def _regime_h(data: dict[str, Any]) -> list[str]:
+    """RESULTS.md's regime (h) section: per cell and door, 1-3 routers side by side; then the rate limit."""
+    pairs = list(dict.fromkeys((name, door) for name, door, _, _ in h_pairs(data, 2) + h_pairs(data, 3)))
+    rates = [(name, runs) for name, runs in runs_by_scenario(data).items() if any(s in runs for s in H_RATE_SYSTEMS)]
+    if not pairs and not rates:
+        return []
+    lines = [
+        "## Regime (h): several routers, each with its own books (issue 43)",
+        "",
+        "N `lorapool router` processes with the same flags over the same replicas, behind nginx round robin"
+        " per request; N pickers as the endpoints of Envoy's ext_proc cluster (round robin per gRPC stream,"
+        " one per request). Each router keeps its own books (today's code). x1 is the ordinary system.",
+        "",
+        "| cell | door | routers | goodput req/s | TTFT p50 s | TTFT p99 s | adapter loads /1k | failed"
+        " | load average at the end | measured |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    by = runs_by_scenario(data)
+    for name, door in sorted(pairs, key=lambda p: p[0]):  # doors in h_pairs' order within a cell
+        for n, system in ((1, door), (2, several(door, 2)), (3, several(door, 3))):
+            if (r := by[name].get(system)) is not None:
+                lines.append(
+                    f"| {name} | {door} | {n} | {_f(r['goodput_rps'], 1)} | {_f(r['ttft_p50_s'], 3)}"
+                    f" | {_f(r['ttft_p99_s'], 3)} | {_f(r['stalls_per_1k'], 0)} | {r['failed']}"
+                    f" | {_f(r.get('loadavg_1m_end', math.nan), 1)} | {_session(r, data)} |"
+                )
+    if rates:
+        lines += [
+            "",
+            "The rate-limit cell: nginx `stream {}` (TCP round robin per connection, as a Kubernetes Service pins"
+            " a connection to one pod) over 1 or 3 routers, the load generator holding exactly C keep-alive"
+            " connections, one adapter offered 3x its pool limit (each router enforces 1/routers of it).",
+            "",
+            "| cell | system | connections (opened) | pool limit req/s | admitted req/s | admitted / limit"
+            " | refused (429) | measured |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for name, runs in rates:
+            for system in H_RATE_SYSTEMS:
+                if (r := runs.get(system)) is not None:
+                    lines.append(
+                        f"| {name} | {system} | {r['connections']} ({r['connections_opened']})"
+                        f" | {_f(r['pool_limit_rps'], 1)} | {_f(r['admitted_rps'], 2)}"
+                        f" | {_f(_ratio(r['admitted_rps'], r['pool_limit_rps']))} | {r['codes'].get('429', 0)}"
+                        f" | {_session(r, data)} |"
+                    )
     return [*lines, ""]
 
 
@@ -275,7 +325,7 @@ def render(
         " noisy: compare systems within one run, and read ratios rather than absolute values.",
         "",
     ]
-    lines += _targets(data) + _headline(data) + _scenarios(data) + _overhead(data)
+    lines += _targets(data) + _headline(data) + _regime_h(data) + _scenarios(data) + _overhead(data)
     if real_engine_section is None:  # the committed cell beside the committed results
         real_engine_section = real_engine_cells(committed)
     lines += real_engine_section
@@ -317,7 +367,9 @@ def plot(data: dict[str, Any], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    by = runs_by_scenario(data)
+    regimes = {s["name"]: s.get("regime") for s in data.get("scenarios", [])}
+    # regime (h) compares routers with routers (its own section), not the systems of these bars
+    by = {name: runs for name, runs in runs_by_scenario(data).items() if regimes.get(name) != "h"}
     for key, label, fname, log in BARS:
         fig = _bar_chart(plt, by, key, label, log)
         fig.savefig(out / fname, dpi=110)

