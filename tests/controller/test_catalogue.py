@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import threading
 from collections import Counter
 from dataclasses import replace
 from typing import Any, cast
@@ -468,3 +469,24 @@ def test_source_reads_are_bounded_across_pools_and_time_out_only_while_reading()
         a["metadata"]["name"]: api.objects["LoRAAdapter", "ml", a["metadata"]["name"]]["status"] for a in adapters
     }
     assert all(s["phase"] == "Loading" and s["rank"] == 8 for s in phases.values()), phases
+
+
+def test_api_calls_run_on_the_threads_given_and_source_reads_do_not_wait_for_them() -> None:
+    """controller.app gives the reconciles' API calls their own threads; the default executor, where
+    a local source is read, stays free of them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    index = AdapterIndex()
+    api: Any = Api(index, pool_body(), adapter("a0", source="hf://acme/a0"))
+    threads: set[str] = set()
+    patch_status = api.patch_status
+
+    def recording(*args: Any, **kwargs: Any) -> None:
+        threads.add(threading.current_thread().name)
+        patch_status(*args, **kwargs)
+
+    api.patch_status = recording
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="kube-api") as pool:
+        reconciler = PoolReconciler(api, config_of, Settings(render=RenderOptions()), index=index, api_threads=pool)
+        asyncio.run(reconciler.reconcile("ml", "p"))
+    assert threads and all(name.startswith("kube-api") for name in threads), threads

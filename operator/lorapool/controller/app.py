@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,7 @@ from lorapool.sources.base import SourceOptions
 from lorapool.sources.config import ConfigCache, fetch_adapter_config
 
 log = logging.getLogger("lorapool.operator")
+API_THREADS = 8  # the reconciles' API calls in flight; source reads keep the default executor to themselves
 
 
 @dataclass(frozen=True)
@@ -240,7 +242,10 @@ async def run_operator(cfg: OperatorConfig) -> int:
             source, revision=revision, timeout_s=cfg.settings.metadata_timeout_s, cache=cache, options=options
         )
 
-    reconciler = PoolReconciler(Kube(api, cfg.identity), fetch, cfg.settings, index=index, cache=cache)
+    api_threads = ThreadPoolExecutor(max_workers=API_THREADS, thread_name_prefix="kube-api")
+    reconciler = PoolReconciler(
+        Kube(api, cfg.identity), fetch, cfg.settings, index=index, cache=cache, api_threads=api_threads
+    )
     queue = WorkQueue(reconciler.reconcile, QueueSettings(resync_s=cfg.resync_s))
     stop = asyncio.Event()
     tasks = [asyncio.create_task(queue.run(), name="queue")]
@@ -260,6 +265,7 @@ async def run_operator(cfg: OperatorConfig) -> int:
         for task in tasks:
             task.cancel()
         await health.cleanup()
+        api_threads.shutdown(wait=False, cancel_futures=True)
         if elector is not None:
             await asyncio.to_thread(elector.release)
     return 1 if stop.is_set() else 0  # the Lease lost, or the queue loop died

@@ -20,6 +20,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -83,8 +84,12 @@ class PoolReconciler:
         index: AdapterIndex | None = None,
         cache: ConfigCache | None = None,
         clock: Callable[[], float] = time.monotonic,
+        api_threads: Executor | None = None,
     ) -> None:
         self.kube = kube
+        # The API calls' own threads (controller.app gives them): on the default executor, a restart's
+        # 100 pools of API calls queued the source reads behind them past their 10 s timeout.
+        self._api_threads = api_threads
         self.fetch = fetch
         self.settings = settings
         self.index = index  # None: list the namespace's LoRAAdapters each pass (no watch feeds an index)
@@ -100,7 +105,9 @@ class PoolReconciler:
         self._replans: dict[tuple[str, str], replan.Seen] = {}  # controller.replan: each catalogue's last change
 
     async def _io(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.to_thread(fn, *args, **kwargs)
+        if self._api_threads is None:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._api_threads, partial(fn, *args, **kwargs))
 
     async def reconcile(self, namespace: str, name: str) -> Result:
         """One pass, in steps; each step's name says what it does. The clock is read once, here:
