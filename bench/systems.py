@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.loadgen import adapter_name
+from lorapool_dev import apt
 from lorapool_dev.testing.components import Component, start_router, start_sim
 from lorapool_dev.testing.peft import write_peft_adapter
 from lorapool_dev.testing.processes import RunningProcess, free_port, free_ports, start_process
@@ -350,8 +351,7 @@ def nginx_binary() -> str:
     )
     if found:
         return found
-    subprocess.run(["apt-get", "update"], check=True, stdout=subprocess.DEVNULL)
-    subprocess.run(["apt-get", "install", "-y", "nginx"], check=True, stdout=subprocess.DEVNULL)
+    apt.install("nginx")
     return shutil.which("nginx") or "/usr/sbin/nginx"
 
 
@@ -410,8 +410,7 @@ def stream_module(binary: str) -> str:
     modules = next((f.split("=", 1)[1] for f in flags if f.startswith("--modules-path=")), "/usr/lib/nginx/modules")
     module = Path(modules) / "ngx_stream_module.so"
     if not module.exists():
-        subprocess.run(["apt-get", "update"], check=True, stdout=subprocess.DEVNULL)
-        subprocess.run(["apt-get", "install", "-y", "libnginx-mod-stream"], check=True, stdout=subprocess.DEVNULL)
+        apt.install("libnginx-mod-stream")
     if not module.exists():
         raise RuntimeError(f"nginx's stream module is not at {module} after apt-get install libnginx-mod-stream")
     return f"load_module {module};"

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from lorapool.cache import cache_root
-from lorapool_dev import gotool
+from lorapool_dev import apt, gotool
 from lorapool_dev.testing.processes import RunningProcess, free_port, free_ports, start_process
 
 REGISTRY_MODULE = "github.com/distribution/distribution/v3/cmd/registry"
@@ -70,16 +70,6 @@ class Registry:
         return self.root / "docker/registry/v2/blobs/sha256" / hexd[:2] / hexd / "data"
 
 
-def _apt_install(package: str) -> None:
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise RuntimeError(f"missing {package}: run `apt-get install -y {package}` as root")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-q"], env=env, check=True, capture_output=True)
-    subprocess.run(
-        ["apt-get", "install", "-y", "-q", "--no-install-recommends", package], env=env, check=True, capture_output=True
-    )
-
-
 def registry_binary() -> Path:
     """The registry binary: on PATH, Debian's package, or built from the module proxy (cached)."""
     for name in ("docker-registry", "registry"):
@@ -89,7 +79,7 @@ def registry_binary() -> Path:
     if cached.is_file():
         return cached
     with contextlib.suppress(RuntimeError, subprocess.CalledProcessError):
-        _apt_install("docker-registry")
+        apt.install("docker-registry")
         if found := shutil.which("docker-registry"):
             return Path(found)
     if gotool.go_binary() is None:
@@ -110,7 +100,7 @@ def htpasswd_line(username: str, password: str) -> str:
     except ImportError:
         pass
     if shutil.which("htpasswd") is None:
-        _apt_install("apache2-utils")
+        apt.install("apache2-utils")
     out = subprocess.run(
         ["htpasswd", "-nbB", "-C", "5", username, password], check=True, capture_output=True, text=True
     ).stdout
