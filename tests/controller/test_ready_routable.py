@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import re
-import subprocess
-import sys
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -157,16 +154,9 @@ def test_an_oci_adapter_pushed_by_the_cli_is_served_by_digest_through_every_door
     the digest, Ready from the sidecars' reports, then every router and the picker serve it, and its
     status names the digest the sidecars pulled."""
     routers: list[Component] = request.getfixturevalue("routers")  # after `registry`: the sidecars get its env
-    assert registry.username is not None and registry.password is not None
+    assert registry.password is not None
     files = write_peft_adapter(tmp_path / "sql", rank=8, base_model=BASE, module_shapes=base_module_shapes(BASE))
-    argv = ["adapter", "push", str(files), f"oci://{registry.host}/team/sql:v1", "--plain-http", "--base-model", BASE]
-    pushed = subprocess.run(
-        [sys.executable, "-m", "lorapool.cli", *argv, "--username", registry.username, "--password-stdin"],
-        input=registry.password + "\n", capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    assert pushed.returncode == 0, pushed.stderr
-    digest = pushed.stdout.strip()
-    assert re.fullmatch(r"sha256:[0-9a-f]{64}", digest), pushed.stdout
+    digest = registry.push(files, f"oci://{registry.host}/team/sql:v1", "--base-model", BASE)
     doc = loraadapter(ns, "oci-sql", f"oci://{registry.host}/team/sql@{digest}")
     doc["spec"]["rank"] = 8  # the operator reads registries without the pool's login (docs/registry.md)
     apply(local_cluster, doc)

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -298,13 +296,7 @@ def test_an_adapter_pushed_by_the_cli_to_a_real_registry_is_served_by_digest(
         adapter = write_tiny_adapter(tmp_path / "sql", rank=8, seed=21)
         ref = f"oci://{registry.host}/team/sql-coder:v1"
         config_json = Path(engine.cfg.model) / "config.json"
-        argv = ["adapter", "push", str(adapter), ref, "--plain-http", "--base-config", str(config_json)]
-        pushed = subprocess.run(
-            [sys.executable, "-m", "lorapool.cli", *argv, "--username", registry.username, "--password-stdin"],
-            input=registry.password + "\n", capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
-        assert pushed.returncode == 0, pushed.stderr
-        digest = pushed.stdout.strip()
+        digest = registry.push(adapter, ref, "--base-config", str(config_json))
         monkeypatch.setenv("LORAPOOL_OCI_AUTH", json.dumps(registry.docker_config()))
         monkeypatch.setenv("LORAPOOL_OCI_PLAIN_HTTP", registry.host)
         sidecar, config = sidecar_for()

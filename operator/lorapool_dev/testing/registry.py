@@ -18,12 +18,14 @@ import hashlib
 import importlib
 import json
 import os
+import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from ipaddress import IPv4Address
@@ -64,6 +66,21 @@ class Registry:
             return {"auths": {}}
         auth = base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
         return {"auths": {self.host: {"auth": auth}}}
+
+    def push(self, adapter: Path, reference: str, *args: str, preexec: Callable[[], None] | None = None) -> str:
+        """``lorapool adapter push ADAPTER REFERENCE --plain-http ARGS`` with this registry's login on stdin,
+        as a user's CI runs it; the manifest digest it printed (``sha256:<64 hex>``). ``preexec``: run the
+        CLI elsewhere (inside the real node's network namespace)."""
+        login = ["--username", self.username, "--password-stdin"] if self.username else []
+        argv = [sys.executable, "-m", "lorapool.cli", "adapter", "push", str(adapter), reference, "--plain-http"]
+        pushed = subprocess.run(
+            [*argv, *args, *login], input=f"{self.password or ''}\n", capture_output=True, text=True,
+            timeout=60, check=False, preexec_fn=preexec,
+        )  # fmt: skip
+        digest = pushed.stdout.strip()
+        if pushed.returncode != 0 or not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+            raise AssertionError(f"lorapool adapter push exited {pushed.returncode}: {pushed.stderr or pushed.stdout}")
+        return digest
 
     def blob_path(self, digest: str) -> Path:
         hexd = digest.removeprefix("sha256:")
