@@ -35,10 +35,9 @@ def apply(target: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]
     for key, value in patch.items():
         if value is None:
             out.pop(key, None)
-        elif isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = apply(out[key], value)
         elif isinstance(value, Mapping):
-            out[key] = apply({}, value)
+            current = out.get(key)
+            out[key] = apply(current if isinstance(current, Mapping) else {}, value)
         else:
             out[key] = copy.deepcopy(value)
     return out

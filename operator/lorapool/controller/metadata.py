@@ -13,6 +13,7 @@ from collections.abc import Awaitable
 from typing import Any, Protocol
 
 from lorapool.api.models import LoRAPool
+from lorapool.api.pool import OciCredentials
 from lorapool.controller.decide import Fetched
 from lorapool.errors import LoRAPoolError, SourceError
 from lorapool.plan.adapters import PoolAdapter
@@ -25,14 +26,18 @@ class ConfigFetcher(Protocol):
     def __call__(self, source: str, revision: str | None, *, options: SourceOptions) -> Awaitable[dict[str, Any]]: ...
 
 
+def _oci(pool: LoRAPool) -> OciCredentials | None:
+    return pool.spec.credentials.oci if pool.spec.credentials else None
+
+
 def source_options(pool: LoRAPool) -> SourceOptions:
     """The pool's settings the operator may use to read its sources: the plain-HTTP registries."""
-    oci = pool.spec.credentials.oci if pool.spec.credentials else None
+    oci = _oci(pool)
     return SourceOptions(oci_plain_http=frozenset(oci.plain_http) if oci else frozenset())
 
 
 def _login_note(pool: LoRAPool, source: str) -> str:
-    oci = pool.spec.credentials.oci if pool.spec.credentials else None
+    oci = _oci(pool)
     if source.startswith("oci://") and oci is not None and oci.secret_name:
         return f"; the operator reads registries without {oci.secret_name} (it reads no Secrets), the sidecars log in"
     return ""

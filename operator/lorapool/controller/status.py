@@ -41,6 +41,7 @@ READY, PROGRESSING, DEGRADED = ConditionType.READY, ConditionType.PROGRESSING, C
 ACCEPTED = ConditionType.ACCEPTED
 POOL_CONDITIONS = (READY, PROGRESSING, DEGRADED, ConditionType.RECONCILING, ConditionType.STALLED)
 
+NO_ROOM = "NoRoom"  # an adapter placed on no replica: every replica's CPU cache (maxCpuLoras) is taken
 # Ready reasons that mean "on its way", not "broken": their Events are Normal, not Warning.
 CONVERGING_REASONS = frozenset({"RollingOut", "WaitingForReplicas", "WaitingForRouter"})
 
@@ -480,9 +481,6 @@ def adapter_object_status(
             ),
         ],
     )
-
-
-NO_ROOM = "NoRoom"  # placed on no replica: every replica's CPU cache (maxCpuLoras) is taken
 
 
 def unplaced_message(placement: Placement | None, adapter: str) -> str:
