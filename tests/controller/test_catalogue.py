@@ -227,11 +227,11 @@ def test_a_commit_revision_is_never_re_read_other_entries_after_the_ttl() -> Non
 
 class Api:
     """The reconcile's Kube calls over dicts, counting each (verb, kind); LoRAAdapter writes are echoed
-    to ``index`` the way the watch would."""
+    to ``index`` the way the watch would, at once (``echo``) or never (a watch that lags the write)."""
 
-    def __init__(self, index: AdapterIndex, *objects: dict[str, Any]) -> None:
+    def __init__(self, index: AdapterIndex, *objects: dict[str, Any], echo: bool = True) -> None:
         self.objects = {(o["kind"], o["metadata"]["namespace"], o["metadata"]["name"]): o for o in objects}
-        self.index, self.calls = index, Counter[tuple[str, str]]()
+        self.index, self.calls, self.echo = index, Counter[tuple[str, str]](), echo
         self.events: list[tuple[str, str, str]] = []
         self.version = 100
 
@@ -269,7 +269,7 @@ class Api:
         obj["status"] = mergepatch.apply(obj.get("status") or {}, status)  # as the API server merges
         self.version += 1
         obj["metadata"]["resourceVersion"] = str(self.version)
-        if kind == "LoRAAdapter":
+        if kind == "LoRAAdapter" and self.echo:
             self.index.observe("MODIFIED", obj)
 
     def event(self, involved: dict[str, Any], *, reason: str, message: str, type_: str = "Normal") -> None:
@@ -358,6 +358,19 @@ def test_two_thousand_adapters_fifty_bad_one_list_and_writes_only_on_change() ->
     assert api.calls["status", "LoRAAdapter"] == before["status", "LoRAAdapter"] + len(changed)
     assert api.objects["LoRAAdapter", "ml", names[0]]["status"]["phase"] == "Loading"
     assert api.objects["LoRAPool", "ml", "p"]["status"]["adapterPhases"] == {"Loading": 1951, "Failed": 49}
+
+
+def test_a_transition_is_an_event_on_its_adapter_before_the_watch_echoes_the_write() -> None:
+    # The index keeps what the operator wrote (record_status) on the very object the reconcile read:
+    # the Event must come from the status before the write, not from that object after it.
+    index = AdapterIndex()
+    api: Any = Api(index, pool_body(), adapter("good"), adapter("wrong", source="hf://bad/wrong"), echo=False)
+    reconciler = PoolReconciler(api, config_of, Settings(render=RenderOptions()), index=index)
+    asyncio.run(reconciler.reconcile("ml", "p"))
+    assert [(kind, reason) for kind, reason, _ in api.events if kind == "LoRAAdapter"] == [("LoRAAdapter", "Invalid")]
+    assert index.of_pool("ml", "p")[1]["status"]["phase"] == "Failed"  # the index has the write
+    asyncio.run(reconciler.reconcile("ml", "p"))  # no transition since: no second Event
+    assert [reason for kind, reason, _ in api.events if kind == "LoRAAdapter"] == ["Invalid"]
 
 
 def test_a_deleted_pool_writes_no_orphan_status_on_adapters_being_deleted() -> None:

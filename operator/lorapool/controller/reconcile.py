@@ -452,6 +452,7 @@ class PoolReconciler:
         stamped, patch = self._stamped(raw, status, now)
         if patch is None:
             return None, []
+        before = raw.get("status") or {}  # record_status below replaces it on the index's object, which is raw
         meta = raw["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         async with self._limits()[1]:
@@ -463,7 +464,7 @@ class PoolReconciler:
                 return (None if exc.status == 404 else _failure("status", "LoRAAdapter", name, exc)), []
         if self.index is not None:
             self.index.record_status(namespace, name, patch)
-        events = decide.adapter_events(raw.get("status") or {}, stamped)
+        events = decide.adapter_events(before, stamped)
         return None, [AdapterEvent(name, e.reason, e.message, e.type) for e in events]
 
     async def _write_adapter_statuses_of(
