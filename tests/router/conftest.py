@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -55,9 +55,15 @@ def start_sim(processes: dict[str, RunningProcess], adapter_dirs: dict[str, Path
 def start_router(processes: dict[str, RunningProcess]) -> StartRouter:
     """Start ``lorapool router`` in front of ``backends``; returns its URL."""
 
-    def start(backends: Sequence[str], *, policy: str = RouterPolicy.AFFINITY, extra: Sequence[str] = ()) -> str:
+    def start(
+        backends: Sequence[str],
+        *,
+        policy: str = RouterPolicy.AFFINITY,
+        extra: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> str:
         router = start_router_process(
-            backends, policy=policy, extra=["--poll-interval", "0.2", "--backend-header", *extra]
+            backends, policy=policy, extra=["--poll-interval", "0.2", "--backend-header", *extra], env=env
         )
         processes[router.url] = router.proc
         return router.url

@@ -24,6 +24,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     _add_saturation_flags(parser, defaults)
     _add_timing_flags(parser, defaults)
     _add_picker_flags(parser, defaults)
+    _add_shared_state_flags(parser, defaults)
     _add_debug_flags(parser)
 
 
@@ -312,6 +313,37 @@ def _add_picker_flags(parser: argparse.ArgumentParser, d: RouterSettings) -> Non
     )
 
 
+def _add_shared_state_flags(parser: argparse.ArgumentParser, d: RouterSettings) -> None:
+    g = parser.add_argument_group("shared books (several routers deciding as one)")
+    g.add_argument(
+        "--shared-state",
+        metavar="URL",
+        help="a Redis-protocol store (redis://HOST[:PORT][/DB], rediss:// for TLS) holding every router's books:"
+        " bound requests per replica and adapter, slot claims, rate-limit demand. Credentials from"
+        " LORAPOOL_SHARED_STATE_USERNAME/PASSWORD or the URL. Default: this router's own books",
+    )
+    g.add_argument(
+        "--shared-state-key",
+        default=d.shared_state_key,
+        metavar="KEY",
+        help="the pool's name in the store's keys (the operator gives the pool's UID; default %(default)s)",
+    )
+    g.add_argument(
+        "--shared-state-interval",
+        type=float,
+        default=d.shared_state_interval_s,
+        metavar="SECONDS",
+        help="heartbeat and resync period; a silent router's books expire after 4 of them (default %(default)s)",
+    )
+    g.add_argument(
+        "--shared-state-deadline",
+        type=float,
+        default=d.shared_state_deadline_s,
+        metavar="SECONDS",
+        help="a store call slower than this fails: the router decides from its own books (default %(default)s)",
+    )
+
+
 def _add_debug_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend-header", action="store_true", help="add X-Lorapool-Backend to responses (debugging)")
     parser.add_argument(
@@ -371,6 +403,10 @@ def settings_from(args: argparse.Namespace) -> RouterSettings:
         ext_proc_insecure=args.ext_proc_insecure,
         ext_proc_message_timeout_s=args.ext_proc_message_timeout,
         ext_proc_fallbacks=args.ext_proc_fallbacks,
+        shared_state=args.shared_state,
+        shared_state_key=args.shared_state_key,
+        shared_state_interval_s=args.shared_state_interval,
+        shared_state_deadline_s=args.shared_state_deadline,
     )
 
 

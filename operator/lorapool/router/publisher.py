@@ -5,10 +5,11 @@ One strategic-merge patch of ``pods/<self>/status`` per closed window, carrying 
 into each adapter's request rate for placement. One write per router pod per window, never one
 per request; with the default 60 s window a pool of 3 routers costs 3 writes a minute.
 
-The router policy state (``api.routerpolicy.PolicyState``: the hash of the document in force, and
-the last edit refused with its reason) goes the same way, in the annotation
-``lorapool.io/router-policy``, written when it changes (at start, after each reload that applied
-or refused an edit), which the operator reads into the pool's ``RouterPolicyAccepted`` condition.
+The router's states go the same way, each in its annotation, written when it changes: the router
+policy state (``api.routerpolicy.PolicyState``: the hash of the document in force, and the last edit
+refused with its reason) in ``lorapool.io/router-policy``, which the operator reads into the pool's
+``RouterPolicyAccepted`` condition; the shared books' state (``api.books.BooksState``: the store
+reachable or not, the peers seen) in ``lorapool.io/shared-books``, read into ``SharedBooks``.
 
 A failed write is logged once per distinct reason (no credentials in it) and not retried on its
 own: the next window, a fresher one, is written at its close. Serving never waits on it.
@@ -24,6 +25,9 @@ from collections.abc import Callable
 
 import aiohttp
 
+from lorapool.api.books import ANNOTATION as BOOKS_ANNOTATION
+from lorapool.api.books import BooksState
+from lorapool.api.books import encode_state as encode_books
 from lorapool.api.requests import ANNOTATION, RequestWindow, encode
 from lorapool.api.routerpolicy import ANNOTATION as POLICY_ANNOTATION
 from lorapool.api.routerpolicy import PolicyState, encode_state
@@ -43,9 +47,14 @@ def patch_document(window: RequestWindow) -> str:
     return json.dumps({"metadata": {"annotations": {ANNOTATION: encode(window)}}}, separators=(",", ":"))
 
 
+def annotations_patch(annotations: dict[str, str]) -> str:
+    """The Pod status patch that publishes the router's states (annotation -> value)."""
+    return json.dumps({"metadata": {"annotations": annotations}}, separators=(",", ":"))
+
+
 def policy_patch(state: PolicyState) -> str:
     """The Pod status patch that publishes the router's policy state."""
-    return json.dumps({"metadata": {"annotations": {POLICY_ANNOTATION: encode_state(state)}}}, separators=(",", ":"))
+    return annotations_patch({POLICY_ANNOTATION: encode_state(state)})
 
 
 class Publisher:
@@ -69,19 +78,31 @@ class Publisher:
         self.failures = 0
         self.last_error: str | None = None
         self.policy: PolicyState | None = None  # the policy state to publish
-        self.policy_sent: PolicyState | None = None  # the last one written
+        self.states: dict[str, str] = {}  # annotation -> the value to publish (the policy, the books)
+        self.states_sent: dict[str, str] = {}  # annotation -> the value last written
         self._wake = asyncio.Event()
 
     def set_policy_state(self, state: PolicyState) -> None:
         """Publish ``state`` now (at the latest with the next window, when a write fails)."""
         self.policy = state
+        self._set_state(POLICY_ANNOTATION, encode_state(state))
+
+    def set_books_state(self, state: BooksState) -> None:
+        """Publish the shared books' ``state`` now (as the policy state)."""
+        self._set_state(BOOKS_ANNOTATION, encode_books(state))
+
+    def _set_state(self, annotation: str, value: str) -> None:
+        self.states[annotation] = value
         self._wake.set()
+
+    def _unsent(self) -> dict[str, str]:
+        return {k: v for k, v in self.states.items() if self.states_sent.get(k) != v}
 
     async def run(self, stop: asyncio.Event) -> None:
         async with api_session(self.server, self.timeout_s) as http:
             while not stop.is_set():
-                if self.policy is not None and self.policy != self.policy_sent:
-                    await self._write_policy(http, self.policy)
+                if unsent := self._unsent():
+                    await self._write_states(http, unsent)
                 wait_s = self.counter.closes_at_s - self.clock() + LATE_S
                 await self._sleep(stop, max(wait_s, LATE_S))
                 if stop.is_set():
@@ -97,7 +118,7 @@ class Publisher:
         """Until ``stop``, a new policy state or ``wait_s`` seconds, whichever comes first."""
         if self._wake.is_set():
             self._wake.clear()
-            if self.policy != self.policy_sent:
+            if self._unsent():
                 return
         waits = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())}
         try:
@@ -106,16 +127,16 @@ class Publisher:
             for waiting in waits:
                 waiting.cancel()
 
-    async def _write_policy(self, http: aiohttp.ClientSession, state: PolicyState) -> None:
-        error = await patch_status(http, self.server, self.pod, policy_patch(state))
+    async def _write_states(self, http: aiohttp.ClientSession, unsent: dict[str, str]) -> None:
+        error = await patch_status(http, self.server, self.pod, annotations_patch(unsent))
         if error is not None:
             self.failures += 1
             log.warning(
-                "Failed to publish the router policy state on Pod; retrying",
-                extra={"kv": {"pod": str(self.pod), "error": error}},
+                "Failed to publish the router's state on Pod; retrying",
+                extra={"kv": {"pod": str(self.pod), "error": error, "annotations": sorted(unsent)}},
             )
             return
-        self.policy_sent = state
+        self.states_sent.update(unsent)
         self.writes += 1
 
     async def _write(self, http: aiohttp.ClientSession, window: RequestWindow) -> None:

@@ -42,6 +42,7 @@ from lorapool.router.core.admission import (
     moved_to,
 )
 from lorapool.router.core.backend import Backend, DecisionKind, Request
+from lorapool.router.core.books import NO_PEER_LOAD, BackendBooks, DemandMeter, Entry, PeerBooks, demand_share
 from lorapool.router.core.document import SchedulerKnobs
 from lorapool.router.core.fairness import VirtualTokenCounter, cost, estimate
 from lorapool.router.core.policy import Scheduling
@@ -125,6 +126,12 @@ class Scheduler:
         self.departure_hooks: list[Callable[[str], None]] = []
         # The adapters the pool's adapter set names (``set_desired``); None: the router does not read it.
         self.desired: frozenset[str] | None = None
+        # Shared books (--shared-state, core.books): the other routers' entries, and whom to tell
+        # that this router's own books changed (the store's writer); None: this router's books only.
+        self.peers: PeerBooks | None = None
+        self.books_changed: Callable[[], None] | None = None
+        self.books_up = True  # the store answers (router.sharedbooks): binds while it does not are counted
+        self.demand = DemandMeter()
         telemetry.watch(self.backends, self.queues.depths)
 
     # --- what the shells read -------------------------------------------------------------
@@ -175,8 +182,14 @@ class Scheduler:
 
     def limit(self, model: str, prompt_tokens: int) -> Allow | Throttle:
         """The adapter's rate limits for one more request (both doors ask before anything else is
-        counted: a throttled request is not demand); a throttle is counted here."""
-        verdict = self.limits.check(model, prompt_tokens, self.clock())
+        counted: a throttled request is not demand); a throttle is counted here. With live peers
+        (shared books) this router enforces its share of the adapter's demand, else 1/routers."""
+        now, share = self.clock(), None
+        if self.peers is not None and model in self.limits.limited():
+            self.demand.asked(model, now)
+            if len(self.peers):
+                share = demand_share(self.demand.rate(model, now), self.peers.demand(model))
+        verdict = self.limits.check(model, prompt_tokens, now, share)
         if isinstance(verdict, Throttle):
             self.telemetry.throttled(model, verdict.limited_by)
         return verdict
@@ -236,6 +249,8 @@ class Scheduler:
                 max_inflight=k.max_inflight,
                 max_prefilling=k.max_prefilling,
             )
+            if self.peers is not None:
+                self._states[url].set_peers(self.peers.on(url))
         self.changed()
         return added, removed
 
@@ -375,6 +390,9 @@ class Scheduler:
         if req.is_adapter:
             self.telemetry.routed(req.model, hit=bind.hit, slot_load=not bind.in_slot)
         state.begin(req.model, is_adapter=req.is_adapter)
+        if self.peers is not None and not self.books_up:
+            self.telemetry.shared_books_local.inc()
+        self._books_changed()
         self.scheduling.bound(req, bind.backend)
         self.telemetry.decided(bind.kind)
         lease = Lease(state, req, bind)
@@ -417,6 +435,7 @@ class Scheduler:
         lease.started = True
         if (state := self._own(lease.state)) is not None:
             state.first_token()
+            self._books_changed()
             if state.max_prefilling:
                 self.changed()
 
@@ -432,6 +451,32 @@ class Scheduler:
         if (state := self._own(lease.state)) is not None:  # a removed backend's books are gone with it
             state.end(lease.req.model, is_adapter=lease.req.is_adapter, started=lease.started)
             self.scheduling.released(lease.req, lease.backend)
+            self._books_changed()
+        self.changed()
+
+    # --- shared books (core.books) --------------------------------------------------------
+    def _books_changed(self) -> None:
+        if self.books_changed is not None:
+            self.books_changed()
+
+    def books(self, router: str, seq: int) -> Entry:
+        """This router's own books as the store keeps them: per backend its bound requests, those in
+        prefill and per adapter; its held requests per adapter; its demand on limited adapters."""
+        backends = {
+            url: BackendBooks(s.inflight_total, s.prefilling, dict(s.adapter_inflight))
+            for url, s in self._states.items()
+            if s.inflight_total
+        }
+        limited = self.limits.limited()
+        self.demand.forget_except(limited)
+        return Entry(router, seq, backends, self.queues.depths(), self.demand.rates(self.clock()))
+
+    def peers_changed(self) -> None:
+        """The other routers' books changed (heard, resynced or expired): fold them into each backend's
+        view, and bind what waits (a peer's request that ended may have freed a slot)."""
+        peers = self.peers
+        for url, state in self._states.items():
+            state.set_peers(peers.on(url) if peers is not None else NO_PEER_LOAD)
         self.changed()
 
     def changed(self) -> None:

@@ -36,6 +36,7 @@ from lorapool.router.poller import Poller
 from lorapool.router.publisher import Publisher
 from lorapool.router.scheduler import Scheduler
 from lorapool.router.settings import RouterSettings
+from lorapool.router.sharedbooks import SharedBooks, redacted
 from lorapool.router.telemetry import Telemetry
 from lorapool.router.trafficfile import TrafficFile
 
@@ -86,6 +87,22 @@ def publisher_for(settings: RouterSettings, counter: RequestCounter) -> Publishe
         return None
     log.info("Publishing request counts on Pod", extra={"kv": {"pod": str(pod), "window_s": counter.window_s}})
     return Publisher(server, pod, counter)
+
+
+def _shared_books(
+    settings: RouterSettings, scheduler: Scheduler, telemetry: Telemetry, publisher: Publisher | None
+) -> SharedBooks | None:
+    """The shared books' keeper (``--shared-state``), telling the Pod its state; None without the flag."""
+    if settings.shared_state is None:
+        return None
+    books = SharedBooks(
+        settings, scheduler, telemetry, on_state=publisher.set_books_state if publisher is not None else None
+    )
+    log.info(
+        "Sharing the books",
+        extra={"kv": {"store": redacted(settings.shared_state), "key": settings.shared_state_key, "router": books.me}},
+    )
+    return books
 
 
 def adapter_set_watch(settings: RouterSettings, scheduler: Scheduler) -> SetWatcher | None:
@@ -203,6 +220,9 @@ async def serve(settings: RouterSettings) -> None:
         counter = RequestCounter(settings.requests_window_s, time.monotonic())
         publisher = publisher_for(settings, counter)
         _publish_policy(publisher, policy, loaded)
+        books = _shared_books(settings, scheduler, telemetry, publisher)
+        if books is not None:  # the peers' books before the first request, when the store answers at once
+            await books.resync()
         # The picker listens first, so an answering /livez means both doors are open.
         picker = await _start_picker(scheduler, telemetry, settings, counter)
         runner = await _start_site(build_app(scheduler, session, telemetry, settings, counter), settings)
@@ -214,6 +234,7 @@ async def serve(settings: RouterSettings) -> None:
         publishing = loop.create_task(publisher.run(stop)) if publisher is not None else None
         adapter_set = adapter_set_watch(settings, scheduler)
         watching = loop.create_task(adapter_set.run(stop)) if adapter_set is not None else None
+        sharing = loop.create_task(books.run(stop)) if books is not None else None
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         try:
@@ -228,6 +249,8 @@ async def serve(settings: RouterSettings) -> None:
                 await _cancelled(publishing)
             if watching is not None:
                 await _cancelled(watching)
+            if sharing is not None:  # it takes this router's entry out of the store as it stops
+                await sharing
             discovery.stop()
             if picker is not None:
                 await picker.stop()

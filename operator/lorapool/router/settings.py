@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from urllib.parse import urlsplit
 
 from lorapool.api.common import RouterPolicy
 from lorapool.router.core.document import Overrides, SchedulerKnobs
@@ -146,6 +147,16 @@ class RouterSettings:
     # Fallback endpoints listed after the pick (comma-separated): for gateways whose load
     # balancer reads the list; 0 for Envoy's ORIGINAL_DST cluster, which takes one address.
     ext_proc_fallbacks: int = 0
+    # Several routers' shared books (router.sharedbooks): a Redis-protocol store's URL,
+    # redis://[USER:PASSWORD@]HOST[:PORT][/DB] or rediss://; None: this router's own books only.
+    shared_state: str | None = None
+    # The pool's identity in the store's keys (the operator renders the pool's UID): one store, many pools.
+    shared_state_key: str = "default"
+    # How often the books are written even when unchanged, and the store's entries re-read, seconds;
+    # an entry lives 4 of them (sharedbooks.TTL_INTERVALS): a dead router's claims go after that.
+    shared_state_interval_s: float = 0.5
+    # A store call slower than this counts as failed: the store is "down" until one succeeds, seconds.
+    shared_state_deadline_s: float = 0.2
 
     def __post_init__(self) -> None:
         if not (self.requests_window_s > 0 and math.isfinite(self.requests_window_s)):
@@ -164,6 +175,33 @@ class RouterSettings:
         if self.ext_proc_fallbacks < 0:
             raise ValueError(f"--ext-proc-fallbacks must be >= 0, got {self.ext_proc_fallbacks}")
         self._check_prefix_weight()
+        self._check_shared_state()
+
+    def _check_shared_state(self) -> None:
+        if self.shared_state is not None:
+            parts = urlsplit(self.shared_state)
+            try:
+                port = parts.port
+            except ValueError:
+                port = -1
+            db = parts.path.strip("/")
+            if (
+                parts.scheme not in ("redis", "rediss")
+                or not parts.hostname
+                or port == -1
+                or not (db == "" or db.isdigit())
+            ):
+                raise ValueError(
+                    "--shared-state must be redis://HOST[:PORT][/DB] or rediss://HOST[:PORT][/DB] (a Redis or Valkey"
+                    f" store), got {parts.scheme or '(no scheme)'}://{parts.hostname or '(no host)'}..."
+                )
+        if not self.shared_state_key or any(c in self.shared_state_key for c in "{}\r\n "):
+            raise ValueError(
+                f"--shared-state-key must be a non-empty name without braces or spaces, got {self.shared_state_key!r}"
+            )
+        for flag, value in (("interval", self.shared_state_interval_s), ("deadline", self.shared_state_deadline_s)):
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"--shared-state-{flag} must be > 0 seconds (and finite), got {value:g}")
 
     def _check_prefix_weight(self) -> None:
         weight = self.prefix_weight

@@ -184,6 +184,39 @@ class Telemetry:
             registry=self.registry,
         )
         self._register_policy_metrics()
+        self._register_shared_books_metrics()
+
+    def _register_shared_books_metrics(self) -> None:
+        """The shared books (--shared-state, router.sharedbooks): the store's state, its calls, and the
+        decisions made from this router's own books while the store was down."""
+        self.shared_books_up = Gauge(
+            "lorapool_router_shared_books_up",
+            "1 while the shared books' store answers within its deadline (--shared-state), else 0",
+            registry=self.registry,
+        )
+        self.shared_books_peers = Gauge(
+            "lorapool_router_shared_books_peers",
+            "Other routers whose books this router reads now",
+            registry=self.registry,
+        )
+        self.shared_books_errors = Counter(
+            "lorapool_router_shared_books_errors",
+            "Store calls that failed or passed their deadline, by operation (write, read, subscribe)",
+            ["op"],
+            registry=self.registry,
+        )
+        self.shared_books_seconds = Histogram(
+            "lorapool_router_shared_books_call_seconds",
+            "Store call latency by operation (write, read), when it answered",
+            ["op"],
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25),
+            registry=self.registry,
+        )
+        self.shared_books_local = Counter(
+            "lorapool_router_shared_books_local_decisions",
+            "Requests bound from this router's own books and the engines' metrics while the store was down",
+            registry=self.registry,
+        )
 
     def _register_policy_metrics(self) -> None:
         """The router policy document in force (docs/router-policy.md): one series, its hash a label."""

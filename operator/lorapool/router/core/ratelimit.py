@@ -65,7 +65,7 @@ class _Limits:
     limits: RateLimits
     requests: Bucket | None
     tokens: Bucket | None
-    share: float  # 1 / routers
+    share: float  # of the pool's limit: 1 / routers, or with shared books this router's share of the demand
 
 
 def _buckets(limits: RateLimits, routers: int, now_s: float) -> _Limits:
@@ -78,6 +78,21 @@ def _buckets(limits: RateLimits, routers: int, now_s: float) -> _Limits:
         size = limits.token_burst * share
         tokens = Bucket(limits.tokens_per_minute / 60.0 * share, size, size, now_s)
     return _Limits(limits, requests, tokens, share)
+
+
+def _reshare(lim: _Limits, share: float, now_s: float) -> None:
+    """Give ``lim`` a new share of the pool's limit from ``now_s``: what its buckets hold stays (up to
+    the new size), they refill at the new rate; a grown share hands out no burst at once."""
+    for bucket, rate, burst, floor in (
+        (lim.requests, lim.limits.requests_per_second, lim.limits.request_burst, 1.0),
+        (lim.tokens, (lim.limits.tokens_per_minute or 0) / 60.0, lim.limits.token_burst, 0.0),
+    ):
+        if bucket is None or rate is None:
+            continue
+        bucket.fill(now_s)
+        bucket.rate, bucket.size = rate * share, max(floor, burst * share)
+        bucket.level = min(bucket.level, bucket.size)
+    lim.share = share
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,11 +181,16 @@ class RateLimiter:
     def limited(self) -> Mapping[str, RateLimits]:
         return {m: lim.limits for m, lim in self._limits.items()}
 
-    def check(self, model: str, prompt_tokens: int, now_s: float) -> Allow | Throttle:
-        """Admit one request of ``model`` with about ``prompt_tokens`` prompt tokens, or say why not."""
+    def check(self, model: str, prompt_tokens: int, now_s: float, share: float | None = None) -> Allow | Throttle:
+        """Admit one request of ``model`` with about ``prompt_tokens`` prompt tokens, or say why not.
+        ``share``: this router's share of the pool's limit now (shared books: its share of the demand);
+        None: 1/routers, which needs no channel between routers."""
         lim = self._limits.get(model)
         if lim is None:
             return ALLOW
+        share = 1.0 / self.routers if share is None else share
+        if abs(share - lim.share) > 1e-3:
+            _reshare(lim, share, now_s)
         need_tokens = 0.0
         waits: list[tuple[float, str, str]] = []
         if (requests := lim.requests) is not None:

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from lorapool.api.report import ReplicaReport
 from lorapool.api.vllm_metrics import VllmMetrics
 from lorapool.router.core.backend import Backend
+from lorapool.router.core.books import NO_PEER_LOAD, PeerLoad
 from lorapool.router.core.reports import served
 
 # How many recently-run adapters to remember per backend (bounds memory with 1000s of adapters).
@@ -80,6 +81,8 @@ class BackendState:
         self.adapter_inflight: dict[str, int] = {}
         self.foreign_active: frozenset[str] = frozenset()
         self.foreign_load = 0
+        # The other routers' books here (core.books, --shared-state): fresher than the metrics' foreign load.
+        self.peers: PeerLoad = NO_PEER_LOAD
         # Adapters in the order they last ran here, most recent last (a guess at vLLM's LRUs).
         self._recent: OrderedDict[str, None] = OrderedDict()
         self._warm_cache: tuple[frozenset[str], frozenset[str]] | None = None
@@ -127,6 +130,14 @@ class BackendState:
                 self.adapter_inflight[model] = left
             else:
                 self.adapter_inflight.pop(model, None)
+
+    def set_peers(self, peers: PeerLoad) -> None:
+        """The other routers' books here, as last heard: what they run here is warm here too."""
+        if peers is self.peers:
+            return
+        self.peers = peers
+        for model in peers.active.keys() - self.adapter_inflight.keys():
+            self._touch(model)
 
     # --- health ---------------------------------------------------------------------------
     def mark_up(self) -> None:
@@ -199,11 +210,17 @@ class BackendState:
 
     # --- the policy's view ----------------------------------------------------------------
     def view(self) -> Backend:
-        """A ``Backend`` for one decision (shares live mappings; do not keep it)."""
+        """A ``Backend`` for one decision (shares live mappings; do not keep it). The other routers'
+        books count beside this router's own: their adapters are active here, and their load is a
+        floor the engine's older metrics (which include it) cannot lower."""
         active: Mapping[str, int] = self.adapter_inflight
-        if self.foreign_active:
+        peers = self.peers
+        if self.foreign_active or peers.active:
             merged = dict.fromkeys(self.foreign_active, 1)
-            merged.update(self.adapter_inflight)
+            for model, n in peers.active.items():
+                merged[model] = n
+            for model, n in self.adapter_inflight.items():
+                merged[model] = merged.get(model, 0) + n if model in peers.active else n
             active = merged
         warm, cached = self._warm_and_cached()
         return Backend(
@@ -214,10 +231,10 @@ class BackendState:
             active=active,
             warm=warm,
             cached=cached,
-            load=self.inflight_total + self.foreign_load,
+            load=self.inflight_total + max(self.foreign_load, peers.load),
             kv_usage=self.kv_usage,
             capacity=self.max_inflight,
-            prefilling=self.prefilling,
+            prefilling=self.prefilling + peers.prefilling,
             prefill_capacity=self.max_prefilling,
             report=self.report,
         )

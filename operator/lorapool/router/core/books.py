@@ -1,0 +1,228 @@
+"""Several routers' books, shared so they decide as one (issue 43). Pure.
+
+Each router binds requests from what it knows: its own in-flight requests (exact, immediate) and
+the engines' metrics (everyone's, a poll old). With N routers that poll-old view is the problem:
+two routers see the same free LoRA slot and bind two different adapters onto it, and the engine
+thrashes. So each router publishes its books (``Entry``) to a shared store whenever they change:
+per backend, the requests it bound (per adapter: a request for an adapter a backend does not run
+yet is the claim on a slot), those not past prefill yet; the requests it holds per adapter; and
+its demand on rate-limited adapters. Every router folds the others' entries (``PeerBooks``) into
+each backend's view beside its own and the engines' metrics (``core.state``).
+
+An entry lives until its TTL, on the store's clock for the store (a router that dies stops
+refreshing it: its claims expire there) and on the reader's clock here (``expire``: a router that
+lost the store keeps no peer's books longer than the TTL, and decides from its own books and the
+engines' metrics, as one router does). Engine truth still wins: the metrics' foreign load is a floor
+under the peers' (``BackendState.view`` takes the larger), and a report or poll corrects the rest.
+
+Rate limits (``core.ratelimit``): with live peers, a router's share of an adapter's pool limit is
+its share of the adapter's demand, ``demand_share``: a client pinned to one router by its
+connection gets the whole limit there, and the shares still sum to one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+FORMAT = 1
+# Demand on an adapter decays with this time constant, seconds: long enough that a steady client's
+# rate is stable between publishes, short enough that a client moving to another router moves its share.
+DEMAND_TAU_S = 2.0
+# A router whose own demand is this small a share of the total still gets it: a share never reaches
+# 0, so a first request on a quiet router is not refused for a share it has not had time to earn.
+MIN_SHARE = 0.02
+
+
+@dataclass(frozen=True, slots=True)
+class BackendBooks:
+    """One router's books on one backend: its bound requests, those still in prefill, per adapter."""
+
+    load: int = 0
+    prefilling: int = 0
+    active: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """What one router publishes: its books per backend, its held requests and its demand."""
+
+    router: str
+    seq: int
+    backends: Mapping[str, BackendBooks]
+    held: Mapping[str, int] = field(default_factory=dict)  # adapter -> requests waiting in its queues
+    demand: Mapping[str, float] = field(default_factory=dict)  # limited adapter -> requests asked per second
+
+
+def encode(entry: Entry) -> bytes:
+    """Compact JSON: a few hundred bytes for a router with dozens of adapters in flight."""
+    doc: dict[str, Any] = {
+        "v": FORMAT,
+        "r": entry.router,
+        "s": entry.seq,
+        "b": {url: [b.load, b.prefilling, dict(b.active)] for url, b in entry.backends.items()},
+    }
+    if entry.held:
+        doc["h"] = dict(entry.held)
+    if entry.demand:
+        doc["d"] = {m: round(rate, 4) for m, rate in entry.demand.items()}
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def decode(raw: bytes | str) -> Entry | None:
+    """An entry, or None when unreadable (another format, a foreign key): never raises."""
+    try:
+        doc = json.loads(raw)
+        if not isinstance(doc, dict) or doc.get("v") != FORMAT:
+            return None
+        backends = {
+            str(url): BackendBooks(int(v[0]), int(v[1]), {str(m): int(n) for m, n in dict(v[2]).items() if int(n) > 0})
+            for url, v in dict(doc["b"]).items()
+        }
+        held = {str(m): int(n) for m, n in dict(doc.get("h") or {}).items()}
+        demand = {str(m): float(r) for m, r in dict(doc.get("d") or {}).items() if math.isfinite(float(r))}
+        return Entry(str(doc["r"]), int(doc["s"]), backends, held, demand)
+    except (ValueError, TypeError, KeyError, IndexError):
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class PeerLoad:
+    """The other routers' books on one backend, summed."""
+
+    load: int = 0
+    prefilling: int = 0
+    active: Mapping[str, int] = field(default_factory=dict)
+
+
+NO_PEER_LOAD = PeerLoad()
+
+
+class PeerBooks:
+    """The other routers' latest entries, each kept until ``ttl_s`` after it arrived (reader's clock)."""
+
+    def __init__(self, me: str, ttl_s: float) -> None:
+        self.me, self.ttl_s = me, ttl_s
+        self._entries: dict[str, tuple[Entry, float]] = {}  # router -> (entry, expires at)
+        self._sums: dict[str, PeerLoad] | None = None
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def routers(self) -> list[str]:
+        return sorted(self._entries)
+
+    def update(self, entry: Entry, now_s: float) -> bool:
+        """One entry (a publish heard, or read at a resync); True when the books changed. An older
+        ``seq`` from the same router (a late message) only refreshes its lease."""
+        if entry.router == self.me:
+            return False
+        old = self._entries.get(entry.router)
+        if old is not None and entry.seq < old[0].seq:
+            self._entries[entry.router] = (old[0], now_s + self.ttl_s)
+            return False
+        self._entries[entry.router] = (entry, now_s + self.ttl_s)
+        changed = old is None or old[0].backends != entry.backends
+        if changed:
+            self._sums = None
+        return changed
+
+    def replace_all(self, entries: list[Entry], now_s: float) -> bool:
+        """Every live entry the store holds (a resync): routers it no longer holds are gone (their TTL
+        passed on the store's clock: dead, or cut off from the store). True when the books changed."""
+        live = {e.router for e in entries if e.router != self.me}
+        gone = [r for r in self._entries if r not in live]
+        for router in gone:
+            del self._entries[router]
+        changed = bool(gone)
+        for entry in entries:
+            changed = self.update(entry, now_s) or changed
+        if changed:
+            self._sums = None
+        return changed
+
+    def expire(self, now_s: float) -> bool:
+        """Drop entries past their TTL (the store was not heard from); True when any was dropped."""
+        gone = [r for r, (_, until) in self._entries.items() if until <= now_s]
+        for router in gone:
+            del self._entries[router]
+        if gone:
+            self._sums = None
+        return bool(gone)
+
+    def clear(self) -> bool:
+        had = bool(self._entries)
+        self._entries.clear()
+        self._sums = None
+        return had
+
+    def on(self, backend: str) -> PeerLoad:
+        """The peers' books on ``backend``, summed (cached until the next change)."""
+        if self._sums is None:
+            self._sums = _sum(e for e, _ in self._entries.values())
+        return self._sums.get(backend, NO_PEER_LOAD)
+
+    def demand(self, model: str) -> float:
+        """The peers' demand on ``model``, requests per second."""
+        return sum(e.demand.get(model, 0.0) for e, _ in self._entries.values())
+
+    def held(self, model: str) -> int:
+        return sum(e.held.get(model, 0) for e, _ in self._entries.values())
+
+
+def _sum(entries: Any) -> dict[str, PeerLoad]:
+    loads: dict[str, int] = {}
+    prefilling: dict[str, int] = {}
+    active: dict[str, dict[str, int]] = {}
+    for entry in entries:
+        for url, books in entry.backends.items():
+            loads[url] = loads.get(url, 0) + books.load
+            prefilling[url] = prefilling.get(url, 0) + books.prefilling
+            into = active.setdefault(url, {})
+            for model, n in books.active.items():
+                into[model] = into.get(model, 0) + n
+    return {url: PeerLoad(loads[url], prefilling[url], active[url]) for url in loads}
+
+
+class DemandMeter:
+    """Requests asked per adapter, as an exponentially decayed rate (``DEMAND_TAU_S``)."""
+
+    def __init__(self, tau_s: float = DEMAND_TAU_S) -> None:
+        self.tau_s = tau_s
+        self._level: dict[str, tuple[float, float]] = {}  # model -> (decayed count, at)
+
+    def asked(self, model: str, now_s: float) -> None:
+        self._level[model] = (self._at(model, now_s) + 1.0, now_s)
+
+    def rate(self, model: str, now_s: float) -> float:
+        return self._at(model, now_s) / self.tau_s
+
+    def rates(self, now_s: float) -> dict[str, float]:
+        """Every adapter's rate; those decayed to nothing are forgotten (bounded by the limited adapters)."""
+        out = {}
+        for model in list(self._level):
+            rate = self.rate(model, now_s)
+            if rate < 1e-3:
+                del self._level[model]
+            else:
+                out[model] = rate
+        return out
+
+    def forget_except(self, models: Mapping[str, object]) -> None:
+        for model in [m for m in self._level if m not in models]:
+            del self._level[model]
+
+    def _at(self, model: str, now_s: float) -> float:
+        level, at = self._level.get(model, (0.0, now_s))
+        return level * math.exp(-max(0.0, now_s - at) / self.tau_s)
+
+
+def demand_share(mine: float, peers: float) -> float:
+    """This router's share of a pool limit: its share of the demand, at least ``MIN_SHARE``, at most 1."""
+    total = mine + peers
+    if total <= 0:
+        return 1.0
+    return min(1.0, max(MIN_SHARE, mine / total))
