@@ -16,8 +16,10 @@ over-admit: the shares sum to the limit (a request burst below one request a rou
 to one, so a burst may pass ``routers - 1`` requests over). Its cost is under-admission when a
 client's traffic is not spread over the routers (a single keep-alive connection through the
 Service lands on one router, which admits 1/routers of the limit): tests/router/test_ratelimit.py
-measures both with three routers. A shared counter (a channel of at most 1 s staleness) would
-admit such a client fully, at the price of the channel.
+measures both with three routers. With shared books (``--shared-state``, ``core.books``) and live
+peers, a router's share is its share of the adapter's demand instead (``check``'s ``share``): a
+client pinned to one router gets the whole limit there, and the shares still sum to one; when the
+store is lost the share falls back to 1/routers, which cannot over-admit.
 
 Throttled requests are refused before they are counted as demand (``RequestCounter``): placement
 sizes an adapter's holders for the traffic the pool admits, so a flood over quota gets no replicas.
