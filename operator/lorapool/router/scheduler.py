@@ -42,7 +42,15 @@ from lorapool.router.core.admission import (
     moved_to,
 )
 from lorapool.router.core.backend import Backend, DecisionKind, Request
-from lorapool.router.core.books import NO_PEER_LOAD, BackendBooks, DemandMeter, Entry, PeerBooks, demand_share
+from lorapool.router.core.books import (
+    MAX_SERVICE_KEYS,
+    NO_PEER_LOAD,
+    BackendBooks,
+    DemandMeter,
+    Entry,
+    PeerBooks,
+    demand_share,
+)
 from lorapool.router.core.document import SchedulerKnobs
 from lorapool.router.core.fairness import VirtualTokenCounter, cost, estimate
 from lorapool.router.core.policy import Scheduling
@@ -131,6 +139,7 @@ class Scheduler:
         self.peers: PeerBooks | None = None
         self.books_changed: Callable[[], None] | None = None
         self.books_up = True  # the store answers (router.sharedbooks): binds while it does not are counted
+        self.boot = f"{time.time():.6f}"  # this process's start, in its entries: a restart starts them again
         self.demand = DemandMeter()
         telemetry.watch(self.backends, self.queues.depths)
 
@@ -469,7 +478,8 @@ class Scheduler:
         }
         limited = self.limits.limited()
         self.demand.forget_except(limited)
-        return Entry(router, seq, backends, self.queues.depths(), self.demand.rates(self.clock()))
+        served = self.fairness.served_recently(MAX_SERVICE_KEYS) if self.fairness is not None else {}
+        return Entry(router, seq, backends, self.queues.depths(), self.demand.rates(self.clock()), served, self.boot)
 
     def peers_changed(self) -> None:
         """The other routers' books changed (heard, resynced or expired): fold them into each backend's
@@ -477,6 +487,8 @@ class Scheduler:
         peers = self.peers
         for url, state in self._states.items():
             state.set_peers(peers.on(url) if peers is not None else NO_PEER_LOAD)
+        if peers is not None and (served := peers.take_service()) and self.fairness is not None:
+            self.fairness.add_peers(served)
         self.changed()
 
     def changed(self) -> None:

@@ -177,7 +177,7 @@ class SharedBooks:
                 while not stop.is_set():
                     message = await pubsub.get_message(timeout=self.interval_s)
                     entry = decode(message["data"]) if message is not None else None
-                    if entry is not None and self.peers.update(entry, self.clock()):
+                    if entry is not None and self.peers.update(entry, self.clock()) | self.peers.has_service():
                         self.scheduler.peers_changed()
             except (RedisError, OSError, TimeoutError) as exc:
                 self.telemetry.shared_books_errors.labels("subscribe").inc()
@@ -212,7 +212,7 @@ class SharedBooks:
             changed = self.peers.replace_all(entries, now)
         else:
             changed = self.peers.expire(now)
-        if changed:
+        if changed or self.peers.has_service():
             self.scheduler.peers_changed()
         self._set_state(self.state.up, self.state.error)
         return answered

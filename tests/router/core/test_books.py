@@ -129,3 +129,33 @@ def test_the_books_state_annotation_round_trips_and_bounds_its_error() -> None:
     assert back is not None and back.up is False and back.peers == 2 and len(back.error) == 300
     for junk in (None, "", "{", '{"v": 2, "up": true}', '{"v": 1, "up": "yes"}', '{"v": 1, "up": true, "peers": "2"}'):
         assert decode_state(junk) is None
+
+
+def test_fair_dispatch_counts_the_service_peers_gave_once_and_a_restarted_peer_from_nothing() -> None:
+    from lorapool.api.traffic import Priority
+    from lorapool.router.core.fairness import VirtualTokenCounter
+
+    peer, mine = VirtualTokenCounter(), VirtualTokenCounter()
+    peer.charge("flood", 1000, Priority.STANDARD)  # 500 weighted
+    peer.charge("quiet", 100, Priority.STANDARD)
+    peer.correct("flood", 1000, 600, Priority.STANDARD)  # used less: 300 weighted in all
+    books = PeerBooks("me", ttl_s=2.0)
+    sent = Entry("r1", 1, {}, service=peer.served_recently(10), boot="a")
+    assert decode(encode(sent)) == sent
+    books.update(sent, 0.0)
+    mine.backlogged("flood", []), mine.backlogged("quiet", ["flood"])  # both waiting here, at 0
+    mine.add_peers(books.take_service())
+    assert mine.counter("flood") == 300 and mine.counter("quiet") == 50
+    assert books.take_service() == {} and not books.has_service()
+    books.update(sent, 0.1)  # heard again (a resync): nothing counts twice
+    assert books.take_service() == {}
+    peer.charge("flood", 200, Priority.STANDARD)
+    books.update(Entry("r1", 2, {}, service=peer.served_recently(10), boot="a"), 0.2)
+    assert books.take_service() == {"flood": 100}
+    books.expire(10.0)  # cut off, then heard again with the same totals: still nothing twice
+    books.update(Entry("r1", 3, {}, service=peer.served_recently(10), boot="a"), 10.1)
+    assert books.take_service() == {}
+    # restarted (a new boot, seq from 1 again): its totals start from nothing and are all new
+    books.update(Entry("r1", 1, {}, service={"flood": 40.0}, boot="b"), 10.2)
+    assert books.take_service() == {"flood": 40.0}
+    assert peer.served_recently(1) == {"flood": 400.0}  # the key charged last

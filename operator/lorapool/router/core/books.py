@@ -18,6 +18,12 @@ under the peers' (``BackendState.view`` takes the larger), and a report or poll 
 Rate limits (``core.ratelimit``): with live peers, a router's share of an adapter's pool limit is
 its share of the adapter's demand, ``demand_share``: a client pinned to one router by its
 connection gets the whole limit there, and the shares still sum to one.
+
+Fair dispatch (``core.fairness``): each entry carries the weighted service the router's own
+dispatches gave each key so far; a peer adds what grew since it last heard to its own counters, so
+every router orders held adapters by the service the whole pool gave them. Totals, not increments,
+travel: a lost or repeated message counts nothing twice, and a restarted router (a new ``boot``)
+starts from nothing.
 """
 
 from __future__ import annotations
@@ -35,6 +41,10 @@ DEMAND_TAU_S = 2.0
 # A router whose own demand is this small a share of the total still gets it: a share never reaches
 # 0, so a first request on a quiet router is not refused for a share it has not had time to earn.
 MIN_SHARE = 0.02
+# Fair dispatch's service published per entry: the keys charged most recently, at most this many.
+MAX_SERVICE_KEYS = 1000
+# Routers whose service totals are remembered (a rollout's old pods leave their totals behind).
+MAX_ROUTERS_SERVED = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +65,10 @@ class Entry:
     backends: Mapping[str, BackendBooks]
     held: Mapping[str, int] = field(default_factory=dict)  # adapter -> requests waiting in its queues
     demand: Mapping[str, float] = field(default_factory=dict)  # limited adapter -> requests asked per second
+    # Fair dispatch: the weighted service this router's dispatches gave each key since it started
+    # (``fairness.VirtualTokenCounter.served``, the keys charged last): peers add what grew to theirs.
+    service: Mapping[str, float] = field(default_factory=dict)
+    boot: str = ""  # this router process's start: a restarted router's seq and service start again
 
 
 def encode(entry: Entry) -> bytes:
@@ -69,6 +83,10 @@ def encode(entry: Entry) -> bytes:
         doc["h"] = dict(entry.held)
     if entry.demand:
         doc["d"] = {m: round(rate, 4) for m, rate in entry.demand.items()}
+    if entry.service:
+        doc["f"] = {k: round(v, 3) for k, v in entry.service.items()}
+    if entry.boot:
+        doc["o"] = entry.boot
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
@@ -84,7 +102,8 @@ def decode(raw: bytes | str) -> Entry | None:
         }
         held = {str(m): int(n) for m, n in dict(doc.get("h") or {}).items()}
         demand = {str(m): float(r) for m, r in dict(doc.get("d") or {}).items() if math.isfinite(float(r))}
-        return Entry(str(doc["r"]), int(doc["s"]), backends, held, demand)
+        service = {str(k): float(v) for k, v in dict(doc.get("f") or {}).items() if math.isfinite(float(v))}
+        return Entry(str(doc["r"]), int(doc["s"]), backends, held, demand, service, str(doc.get("o") or ""))
     except (ValueError, TypeError, KeyError, IndexError):
         return None
 
@@ -108,6 +127,10 @@ class PeerBooks:
         self.me, self.ttl_s = me, ttl_s
         self._entries: dict[str, tuple[Entry, float]] = {}  # router -> (entry, expires at)
         self._sums: dict[str, PeerLoad] | None = None
+        # router -> its service per key, as last applied; kept past its entry's expiry (a router cut off
+        # for a while comes back with the same totals, which must not count twice)
+        self._served: dict[str, dict[str, float]] = {}
+        self._service_deltas: dict[str, float] = {}  # key -> the peers' service not yet taken
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -121,14 +144,38 @@ class PeerBooks:
         if entry.router == self.me:
             return False
         old = self._entries.get(entry.router)
-        if old is not None and entry.seq < old[0].seq:
+        if old is not None and entry.seq < old[0].seq and entry.boot == old[0].boot:
             self._entries[entry.router] = (old[0], now_s + self.ttl_s)
             return False
         self._entries[entry.router] = (entry, now_s + self.ttl_s)
+        self._note_service(entry, restarted=old is not None and entry.boot != old[0].boot)
         changed = old is None or old[0].backends != entry.backends
         if changed:
             self._sums = None
         return changed
+
+    def _note_service(self, entry: Entry, *, restarted: bool) -> None:
+        """What a peer's dispatches added to each key's service since last heard (a restarted router
+        starts from nothing: its first numbers are all new)."""
+        seen = self._served.pop(entry.router, None) or {}
+        self._served[entry.router] = seen  # the most recently heard last: the oldest go past the bound
+        while len(self._served) > MAX_ROUTERS_SERVED:
+            del self._served[next(iter(self._served))]
+        if restarted:
+            seen.clear()
+        for key, total in entry.service.items():
+            delta = total - seen.get(key, 0.0)
+            if delta:
+                self._service_deltas[key] = self._service_deltas.get(key, 0.0) + delta
+            seen[key] = total
+
+    def has_service(self) -> bool:
+        return bool(self._service_deltas)
+
+    def take_service(self) -> dict[str, float]:
+        """The peers' service per key heard since the last call (fair dispatch adds it to its counters)."""
+        deltas, self._service_deltas = self._service_deltas, {}
+        return deltas
 
     def replace_all(self, entries: list[Entry], now_s: float) -> bool:
         """Every live entry the store holds (a resync): routers it no longer holds are gone (their TTL

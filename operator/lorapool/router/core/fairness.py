@@ -22,6 +22,9 @@ which held adapter binds next and still binds late by adapter (grouping is uncha
 request binds only where the strict policy lets it), so fairness decides *which* adapter's
 requests go next, never onto which replica.
 
+With several routers and shared books (``core.books``), each adds the service the others' dispatches
+gave (``add_peers``), so the counters are the pool's, not one router's share of it.
+
 Memory: one float per key, at most ``max_keys`` keys (the least recently charged one goes first;
 losing a counter only means the key restarts at the floor).
 """
@@ -68,6 +71,9 @@ class VirtualTokenCounter:
     _counters: OrderedDict[str, float] = field(default_factory=OrderedDict)
     _floor: float = 0.0  # the counter of the last dispatch: where a key starts with no one waiting
     _largest: float = 0.0  # the largest weighted charge so far (``bound``'s largest single charge)
+    # The weighted service this router's own dispatches gave each key (charges and corrections), the
+    # most recent last: what shared books publish for the other routers' counters (``served_recently``).
+    _served: OrderedDict[str, float] = field(default_factory=OrderedDict)
 
     def __len__(self) -> int:
         return len(self._counters)
@@ -88,11 +94,36 @@ class VirtualTokenCounter:
         value = self.counter(key) + weighted
         self._set(key, value)
         self._floor = value
+        self._serve(key, weighted)
 
     def correct(self, key: str, charged: float, used: float, priority: Priority) -> None:
         """A response ended: replace the estimate charged at dispatch by the service it used."""
         if key in self._counters:
-            self._set(key, max(0.0, self._counters[key] + (used - charged) / CLASS_WEIGHTS[priority]))
+            delta = (used - charged) / CLASS_WEIGHTS[priority]
+            self._set(key, max(0.0, self._counters[key] + delta))
+            self._serve(key, delta)
+
+    def add_peers(self, served: Mapping[str, float]) -> None:
+        """The other routers' dispatches gave each key this much weighted service (shared books,
+        ``core.books``): counted as if this router had dispatched it, so every router orders the
+        keys by the pool's service, not by its own share of it."""
+        for key, delta in served.items():
+            value = max(0.0, self.counter(key) + delta)
+            self._set(key, value)
+            if delta > 0:
+                self._largest = max(self._largest, delta)
+                self._floor = value
+
+    def served_recently(self, limit: int) -> dict[str, float]:
+        """This router's own service per key, for the ``limit`` keys charged last."""
+        keys = list(self._served)[-limit:]
+        return {k: self._served[k] for k in keys}
+
+    def _serve(self, key: str, weighted: float) -> None:
+        self._served[key] = self._served.get(key, 0.0) + weighted
+        self._served.move_to_end(key)
+        while len(self._served) > self.max_keys:
+            self._served.popitem(last=False)
 
     def ahead(self, key: str, behind: Iterable[str]) -> bool:
         """True when ``key`` received more than the bound's worth of service beyond one of the
