@@ -4,6 +4,7 @@
 #
 #   docker build -t ghcr.io/lorapool/lorapool:0.1.0 .          # the release image (target runtime)
 #   docker build --target sim -t lorapool-sim:0.1.0 .           # + `vllm serve` running the simulator
+#   docker build --target books -t ghcr.io/lorapool/lorapool-books:0.1.0 .  # the routers' shared store
 #
 # Base image: an exact tag. For reproducible releases pin its digest too:
 #   docker buildx imagetools inspect python:3.11-slim-bookworm   -> python:3.11-slim-bookworm@sha256:<digest>
@@ -59,6 +60,22 @@ FROM runtime-base AS sim
 COPY --chmod=0755 e2e/vllm_shim.py /opt/venv/bin/vllm
 LABEL org.opencontainers.image.title="lorapool-sim" \
       org.opencontainers.image.description="lorapool with a vllm entry point that runs the vLLM simulator"
+
+# --- books: Debian's redis-server for a pool's rendered shared store (docs/high-availability.md) --
+# spec.router.sharedState.rendered runs it as <pool>-books: memory only, non-root, read-only root.
+# Not built by CI; spec.router.sharedState.rendered.image overrides it (any image with redis-server).
+FROM runtime-base AS books
+USER root
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends redis-server \
+ && rm -rf /var/lib/apt/lists/* \
+ && redis-server --version
+USER 1000:1000
+EXPOSE 6379
+ENTRYPOINT ["redis-server"]
+CMD ["--save", "", "--appendonly", "no", "--protected-mode", "no"]
+LABEL org.opencontainers.image.title="lorapool-books" \
+      org.opencontainers.image.description="redis-server for the shared books of a LoRAPool's routers"
 
 # --- runtime: the release image (default target: last stage) ---------------------------
 FROM runtime-base AS runtime

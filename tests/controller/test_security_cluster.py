@@ -16,7 +16,7 @@ from tests.controller.test_operator import adapter_dir, apply, get, node_of, poo
 pytestmark = pytest.mark.cluster
 
 
-def test_operator_applies_the_network_policy_and_keeps_routers_off_gpu_nodes(
+def test_operator_applies_the_network_policy_and_spreads_routers_from_the_gpu_free_node(
     local_cluster: LocalCluster, operator: OperatorProcess, ns: str, tmp_path: Path
 ) -> None:
     doc = pool_doc(ns, "locked", [{"name": "a", "source": adapter_dir(tmp_path, "a", 8)}], replicas=1)
@@ -44,4 +44,6 @@ def test_operator_applies_the_network_policy_and_keeps_routers_off_gpu_nodes(
         60,
         describe=lambda: node_of(local_cluster, ns, "app.kubernetes.io/component=router"),
     )
-    assert routers == ["cpu-0", "cpu-0"], routers  # the one node without GPUs, though GPU nodes have room
+    # The one node without GPUs first; the second router on another node (docs/high-availability.md:
+    # spreading over nodes outweighs the GPU-free preference when one node has no GPU).
+    assert "cpu-0" in routers and len(set(routers)) == 2, routers

@@ -12,6 +12,7 @@ from lorapool.api.models import LoRAPool
 from lorapool.api.routerpolicy import PolicyState
 from lorapool.api.status import AdapterPhase, ConditionType, LoRAAdapterStatus, LoRAPoolStatus
 from lorapool.controller import replan
+from lorapool.controller.books import SharedBooksObserved
 from lorapool.controller.gateway import GatewayObserved
 from lorapool.controller.status import (
     AdapterResult,
@@ -147,6 +148,8 @@ def test_every_condition_type_written_is_documented(observed: tuple[Observed, st
     written |= {c.type for c in pool_status(gateway_door).conditions}
     routers = replace(observed[0], router_policy=RouterPolicyObserved("h", (("p-router-0", PolicyState("h")),)))
     written |= {c.type for c in pool_status(routers).conditions}
+    several = replace(observed[0], shared_books=SharedBooksObserved(shared=False, replicas=2))
+    written |= {c.type for c in pool_status(several).conditions}
     for phase in AdapterPhase:
         written |= {
             c.type for c in adapter_object_status("p", 1, AdapterResult("a", "LoRAAdapter", 8, phase)).conditions

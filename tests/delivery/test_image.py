@@ -74,10 +74,10 @@ RUNTIME_STAGES = [s for s in STAGES if s.name != "build"]
 
 
 def test_stages_build_then_slim_runtime_and_the_release_image_is_the_default_target() -> None:
-    assert [s.name for s in STAGES] == ["build", "runtime-base", "sim", "runtime"]
+    assert [s.name for s in STAGES] == ["build", "runtime-base", "sim", "books", "runtime"]
     assert STAGES[-1].name == "runtime", "`docker build .` builds the last stage: the release image"
     assert BY_NAME["build"].base == BY_NAME["runtime-base"].base == "${PYTHON_IMAGE}"
-    assert BY_NAME["sim"].base == BY_NAME["runtime"].base == "runtime-base"
+    assert BY_NAME["sim"].base == BY_NAME["runtime"].base == BY_NAME["books"].base == "runtime-base"
 
 
 def test_base_image_is_an_exact_python_tag_matching_requires_python() -> None:
@@ -100,10 +100,25 @@ def test_runtime_runs_the_console_script_as_uid_1000_without_build_tools() -> No
     assert "useradd --uid 1000 --gid 1000" in " ".join(base.all("RUN"))
     for stage in RUNTIME_STAGES:
         runs = " ".join(stage.all("RUN"))
+        if stage.name == "books":  # Debian's redis-server alone (test_books_target_...), nothing to build with
+            continue
         for tool in ("apt-get", "apk ", "pip ", "gcc", "build-essential", "make "):
             assert tool not in runs, f"stage {stage.name} installs with {tool!r}: build in the build stage"
         for source in stage.all("COPY"):
             assert "--from=build" not in source or source.split()[-2:] == ["/opt/venv", "/opt/venv"], source
+
+
+def test_books_target_is_debians_redis_server_as_uid_1000() -> None:
+    """The rendered shared store's image (docs/high-availability.md): one package from Debian, back to uid
+    1000 (the rendered Deployment's runAsUser), redis-server as its entry point, the apt lists dropped."""
+    books = BY_NAME["books"]
+    (run,) = books.all("RUN")
+    assert "apt-get install -y --no-install-recommends redis-server " in run and "rm -rf /var/lib/apt/lists/*" in run
+    for tool in ("pip ", "gcc", "build-essential", "make "):
+        assert tool not in run
+    assert books.all("USER") == ["root", "1000:1000"]
+    assert json.loads(books.all("ENTRYPOINT")[-1]) == ["redis-server"]
+    assert not books.all("COPY")
 
 
 def test_only_the_sim_target_has_a_vllm_that_runs_the_simulator() -> None:

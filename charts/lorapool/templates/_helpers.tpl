@@ -96,12 +96,14 @@ The operator's rules, exactly those of deploy/rbac.yaml (tests/delivery checks t
 - apiGroups: [""]
   resources: [services]
   verbs: [get, list, watch, create, patch, delete]
+# Deployments and PodDisruptionBudgets: also deleted when a pool drops its rendered shared store or
+# goes back to one router (docs/high-availability.md), only those the pool controls.
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [get, list, watch, create, patch]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
-  verbs: [get, list, watch, create, patch]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
   verbs: [get, list, watch, create, patch, delete]

@@ -18,6 +18,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from lorapool.api.books import ANNOTATION as BOOKS_ANNOTATION
+from lorapool.api.books import BooksState
+from lorapool.api.books import decode_state as decode_books
 from lorapool.api.report import ANNOTATION, ReplicaReport, pod_report
 from lorapool.api.requests import RequestWindow, pod_requests
 from lorapool.api.routerpolicy import PolicyState, pod_policy_state
@@ -142,6 +145,7 @@ class RouterPod:
     terminating: bool = False
     requests: RequestWindow | None = None  # None: none written yet (an old router) or unreadable
     policy: PolicyState | None = None  # None: none written yet (starting, an old router) or unreadable
+    books: BooksState | None = None  # its shared-books state (api.books); None: none written or unreadable
 
 
 def router_pod(pod: Mapping[str, Any]) -> RouterPod:
@@ -152,6 +156,7 @@ def router_pod(pod: Mapping[str, Any]) -> RouterPod:
         terminating=terminating(pod),
         requests=pod_requests(pod),
         policy=pod_policy_state(pod),
+        books=decode_books((meta.get("annotations") or {}).get(BOOKS_ANNOTATION)),
     )
 
 

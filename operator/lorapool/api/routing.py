@@ -9,11 +9,12 @@ used by ``api.pool``; ``api.models`` re-exports the names.
 from __future__ import annotations
 
 import ipaddress
-from typing import Annotated
+import re
+from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from lorapool.api.common import DNS_SUBDOMAIN, FailureMode, FrontDoor, RouterPolicy, dns_label
+from lorapool.api.common import DNS_SUBDOMAIN, Check, Checked, FailureMode, FrontDoor, RouterPolicy, dns_label
 from lorapool.api.fields import Wire, cel
 
 _CIDR_MESSAGE = "must be an IP block in CIDR notation, e.g. 10.128.0.0/23"
@@ -117,6 +118,154 @@ class DispatchSpec(Wire):
     )
 
 
+# --- spec.router.sharedState (docs/high-availability.md) ---------------------------------------
+
+_HOST = r"([A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*|\[[0-9A-Fa-f:.]+\])"
+_PORT = r"(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
+# A URL with '@' passes the field's own rules: the API server prints the value of a string that
+# breaks one, and that one carries a password. The object's rule refuses it, printing "object".
+CREDENTIALS_IN_URL = (
+    "url must not carry credentials (user:password@): put them in a Secret named by credentialsSecret, e.g. "
+    "url: rediss://cache.example:6380/2 with credentialsSecret: {name: books-acl}"
+)
+SHARED_STATE_URL = Checked(
+    (
+        Check(r"^(rediss?://|.*@)", "must start with redis:// or rediss:// (TLS), e.g. redis://books.cache.svc:6379/0"),
+        Check(
+            rf"^(rediss?://{_HOST}(:{_PORT})?(/([0-9]|1[0-5]))?$|.*@)",
+            "must be redis[s]://HOST[:PORT][/DB] with PORT 1-65535 and DB 0-15, nothing after, e.g. "
+            "rediss://cache.example:6380/2",
+            when="redis",
+        ),
+    )
+)
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|k|M|G)?$")
+_UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
+MIN_STORE_BYTES, MAX_STORE_BYTES = 8 * 2**20, 64 * 2**30
+_MEMORY_MESSAGE = "must be a Kubernetes quantity from 8Mi to 64Gi, e.g. 64Mi"
+
+
+def quantity_bytes(value: str) -> int | None:
+    """Bytes in a memory quantity such as 64Mi; None when it is not one (the forms a store's size needs)."""
+    match = _QUANTITY.match(value.strip())
+    return None if match is None else int(float(match.group(1)) * _UNITS[match.group(2) or ""])
+
+
+class StoreCredentials(Wire):
+    """The Secret (in the pool's namespace) holding the store's ACL user and password (requirepass)."""
+
+    name: Annotated[str, DNS_SUBDOMAIN] = Field(max_length=253, description="The Secret's name.")
+    username_key: str = Field(
+        default="username",
+        min_length=1,
+        max_length=253,
+        description="Key of the ACL user name; optional in the Secret (absent: the default user).",
+    )
+    password_key: str = Field(
+        default="password", min_length=1, max_length=253, description="Key of the password; required in the Secret."
+    )
+
+
+class RenderedStore(Wire):
+    """A memory-only Redis the operator runs for the pool: Deployment and Service <pool>-books."""
+
+    image: str | None = Field(
+        default=None,
+        max_length=512,
+        description="Image with redis-server on its PATH (Redis 7 or Valkey); default: lorapool-books beside the "
+        "operator's image (<registry>/lorapool-books:<tag>, the Dockerfile's books target).",
+    )
+    max_memory: str = Field(
+        default="64Mi",
+        max_length=32,
+        description="The store's --maxmemory, with policy noeviction: a full store refuses writes (the routers "
+        "count it and decide from their own books), it never drops live books. Sizes the container's memory.",
+        json_schema_extra=cel(
+            (
+                "isQuantity(self) && quantity(self).compareTo(quantity('8Mi')) >= 0 && "
+                "quantity(self).compareTo(quantity('64Gi')) <= 0",
+                f"maxMemory {_MEMORY_MESSAGE}",
+            )
+        ),
+    )
+    resources: dict[str, Any] | None = Field(
+        default=None,
+        description="Container resources (core/v1 ResourceRequirements); default: sized from maxMemory.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True, "type": "object"},
+    )
+
+    @field_validator("max_memory")
+    @classmethod
+    def _max_memory(cls, value: str) -> str:
+        size = quantity_bytes(value)
+        if size is None or not MIN_STORE_BYTES <= size <= MAX_STORE_BYTES:
+            raise ValueError(f"maxMemory={value!r} {_MEMORY_MESSAGE}")
+        return value
+
+    @property
+    def max_memory_bytes(self) -> int:
+        return quantity_bytes(self.max_memory) or MIN_STORE_BYTES
+
+
+_BOTH = (
+    "sharedState sets both url and rendered: it must be one of them, url (a store you run) or rendered (one the "
+    "operator runs), e.g. rendered: {}"
+)
+_NEITHER = (
+    "sharedState must be url (a store you run) or rendered (one the operator runs), e.g. url: "
+    "redis://books.cache.svc:6379/0 or rendered: {}"
+)
+_CREDENTIALS = (
+    "credentialsSecret must be set with url only (a rendered store has no password): drop it or set url, e.g. "
+    "url: rediss://cache.example:6380/2"
+)
+_SHARED_STATE_CEL = cel(
+    ("!(has(self.url) && has(self.rendered))", _BOTH),
+    ("has(self.url) || has(self.rendered)", _NEITHER),
+    ("!has(self.credentialsSecret) || has(self.url)", _CREDENTIALS),
+)
+_SHARED_STATE_CEL["x-kubernetes-validations"].append(
+    {"rule": "!has(self.url) || !self.url.contains('@')", "message": CREDENTIALS_IN_URL, "fieldPath": ".url"}
+)
+
+
+class SharedStateSpec(Wire):
+    """Where the pool's routers keep their shared books (docs/high-availability.md): exactly one of an
+    external Redis-protocol store (url) or one the operator renders per pool (rendered)."""
+
+    model_config = ConfigDict(json_schema_extra=_SHARED_STATE_CEL)
+
+    url: Annotated[str, SHARED_STATE_URL] | None = Field(
+        default=None,
+        max_length=512,
+        description="The store: redis://HOST[:PORT][/DB] or rediss:// (TLS), without credentials (credentialsSecret "
+        "carries them). One store may serve many pools: keys are prefixed by the pool's uid.",
+    )
+    credentials_secret: StoreCredentials | None = Field(
+        default=None, description="Secret with the store's ACL user and password (url only)."
+    )
+    rendered: RenderedStore | None = Field(
+        default=None, description="Run a memory-only store for this pool instead (rendered: {} for the defaults)."
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _no_credentials(cls, value: str | None) -> str | None:
+        if value is not None and "@" in value:
+            raise ValueError(CREDENTIALS_IN_URL)  # a value_error: the refusal does not repeat the value
+        return value
+
+    @model_validator(mode="after")
+    def _one_store(self) -> SharedStateSpec:
+        if self.url is not None and self.rendered is not None:
+            raise ValueError(_BOTH)
+        if self.url is None and self.rendered is None:
+            raise ValueError(_NEITHER)
+        if self.credentials_secret is not None and self.url is None:
+            raise ValueError(_CREDENTIALS)
+        return self
+
+
 _ROUTER_CEL = cel(
     (
         "!has(self.prefixWeight) || self.prefixWeight == 0.0 || !has(self.policy) || self.policy == 'affinity'",
@@ -156,6 +305,11 @@ class RouterSpec(Wire):
         "affinity ranks alike, prefer the one recently sent the prompt's head for the same adapter, whose KV "
         "prefix cache holds it. 1.5 keeps it under adapter grouping (above 2 it can split an adapter's "
         "requests for a prefix). 0: off, the default; bench/NOTES.md regime (g) says what it measured.",
+    )
+    shared_state: SharedStateSpec | None = Field(
+        default=None,
+        description="One set of books for all the pool's routers (both doors; docs/high-availability.md): the "
+        "requests each bound and holds, its demand on rate limits. Unset: each router keeps its own books.",
     )
 
     @model_validator(mode="after")

@@ -58,6 +58,8 @@ class ConditionType(StrEnum):
     STALLED = "Stalled"  # kstatus: abnormal-true, the spec cannot be served until it changes
     INFERENCE_POOL_READY = "InferencePoolReady"  # LoRAPool with the gateway door: a gateway routes to it
     ROUTER_POLICY_ACCEPTED = "RouterPolicyAccepted"  # LoRAPool: no router refused its policy document
+    # LoRAPool with several routers or spec.router.sharedState: whether they share one set of books (controller.books)
+    SHARED_BOOKS = "SharedBooks"
     # LoRAPool, abnormal-true while a plan change that restarts the engines waits (settling, approval,
     # announced): the old and new flags, why, and how to approve (controller.replan)
     ENGINE_RESTART_PENDING = "EngineRestartPending"

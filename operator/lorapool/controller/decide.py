@@ -24,6 +24,7 @@ from lorapool.api.pods import EnginePod, RouterPod
 from lorapool.api.sizing import ReplanPolicy
 from lorapool.api.status import AdapterPhase, Condition, ConditionType, LoRAAdapterStatus
 from lorapool.controller import replan
+from lorapool.controller.books import shared_books_observed
 from lorapool.controller.gateway import GatewayObserved
 from lorapool.controller.status import (
     CONVERGING_REASONS,
@@ -446,6 +447,7 @@ def observe(
         gateway=gateway,
         engine_versions=engine_versions(pods),
         router_policy=router_policy_observed(pool, decision.routers, decision.plan),
+        shared_books=shared_books_observed(pool, decision.routers),
     )
 
 

@@ -63,6 +63,21 @@ def door_leftovers(pool: LoRAPool, served: bool) -> list[tuple[str, str]]:
         gone += [(INFERENCE_POOL_KIND, names.inference_pool(p))] if served else []
     elif not pool.spec.security.network_policy:
         gone.append(("NetworkPolicy", names.router_network_policy(p)))
+    return gone + router_leftovers(pool)
+
+
+def router_leftovers(pool: LoRAPool) -> list[tuple[str, str]]:
+    """(kind, name) of the routers' objects an earlier spec rendered and this one does not: the shared
+    store ``<pool>-books`` once ``sharedState.rendered`` is gone (its books with it: the routers now use
+    another store or their own), the routers' PodDisruptionBudget once one router is left."""
+    p = pool.metadata.name
+    shared = pool.spec.router.shared_state
+    gone: list[tuple[str, str]] = []
+    if shared is None or shared.rendered is None:
+        store = names.books_store(p)
+        gone += [("Deployment", store), ("Service", store), ("NetworkPolicy", store)]
+    if pool.spec.router.replicas <= 1:
+        gone.append(("PodDisruptionBudget", names.router(p)))
     return gone
 
 

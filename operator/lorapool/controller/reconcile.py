@@ -339,13 +339,10 @@ class PoolReconciler:
         Looked for once per pool per operator process and again when its door settings change (or the
         InferencePool API appears), not on every pass: a resync of an unchanged pool reads nothing more."""
         namespace = pool.metadata.namespace
-        key, doors = (
-            (namespace, pool.metadata.name),
-            (pool.spec.router.front_door, pool.spec.security.network_policy, served),
-        )
-        if self._doors.get(key) == doors:
+        key, doors = (namespace, pool.metadata.name), tuple(gateway.door_leftovers(pool, served))
+        if self._doors.get(key) == doors:  # the same leftovers (door, sharedState, one router) as last time
             return
-        for kind, name in gateway.door_leftovers(pool, served):
+        for kind, name in doors:
             await self._delete_ours(pool, kind, name)
         self._doors[key] = doors
 

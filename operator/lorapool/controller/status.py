@@ -34,6 +34,7 @@ from lorapool.api.status import (
     condition,
 )
 from lorapool.api.vllm_versions import release_of
+from lorapool.controller.books import SharedBooksObserved, shared_books_condition
 from lorapool.controller.gateway import GatewayObserved, inference_pool_condition
 from lorapool.plan.holders import Placement
 
@@ -165,6 +166,7 @@ class Observed:
         default_factory=dict
     )  # vLLM version -> Ready pods (None: unknown)
     router_policy: RouterPolicyObserved | None = None  # the routers' policy state; None: not observed
+    shared_books: SharedBooksObserved | None = None  # the routers' shared books (controller.books); None: not observed
 
     def of(self, name: str) -> Presence:
         return self.presence.get(name, NOWHERE)
@@ -187,6 +189,8 @@ def pool_status(o: Observed) -> LoRAPoolStatus:
     door = [inference_pool_condition(o.gateway, o.generation)] if o.gateway is not None else []
     if o.router_policy is not None:
         door.append(router_policy_condition(o.router_policy, o.generation))
+    if o.shared_books is not None and (books := shared_books_condition(o.shared_books, o.generation)) is not None:
+        door.append(books)  # a status only: it never holds Ready back (docs/high-availability.md)
     entries = [_adapter_status(a, o.of(a.name), o.placement, o.desired_replicas) for a in o.adapters]
     listed = bounded_entries(entries)
     return LoRAPoolStatus(

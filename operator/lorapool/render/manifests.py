@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from lorapool.api.models import LoRAPool
 from lorapool.plan.adapters import PoolAdapter
 from lorapool.plan.planner import Plan
-from lorapool.render import gateway
+from lorapool.render import books, gateway
 from lorapool.render.common import Obj as Obj
 from lorapool.render.common import RenderOptions as RenderOptions
 from lorapool.render.configmaps import Holders as Holders
@@ -43,6 +43,7 @@ from lorapool.render.engine import engine_args as engine_args
 from lorapool.render.engine import engine_deployment as engine_deployment
 from lorapool.render.policies import engine_network_policy as engine_network_policy
 from lorapool.render.policies import engine_pdb as engine_pdb
+from lorapool.render.policies import router_pdb as router_pdb
 from lorapool.render.rbac import engine_role as engine_role
 from lorapool.render.rbac import engine_rolebinding as engine_rolebinding
 from lorapool.render.rbac import engine_serviceaccount as engine_serviceaccount
@@ -83,7 +84,9 @@ def render_pool(
         router_rolebinding(pool),
         router_policy_configmap(pool, plan),
         *([router_service(pool)] if pool.spec.router.http else []),
+        *books.store_objects(pool, opts),  # a rendered shared store, before the routers that use it
         router_deployment(pool, opts),
+        *router_pdb(pool),  # with several routers
         *gateway.gateway_objects(pool),  # the InferencePool and its picker (docs/gateway.md)
     ]
     return [_owned(pool, obj) for obj in objects]

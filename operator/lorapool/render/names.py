@@ -77,6 +77,11 @@ def router_network_policy(pool: str) -> str:
     return f"{pool}-router"
 
 
+def books_store(pool: str) -> str:
+    """The rendered shared-books store's Deployment, Service and NetworkPolicy (spec.router.sharedState.rendered)."""
+    return f"{pool}-books"
+
+
 def adapters_configmap(pool: str) -> str:
     return f"{pool}-adapters"
 

@@ -1,5 +1,6 @@
 """The policies that guard the engine pods: their PodDisruptionBudget (one pod down at a time) and
-their NetworkPolicy (only the pool's routers, and the gateway's data plane, reach vLLM). Pure.
+their NetworkPolicy (only the pool's routers, and the gateway's data plane, reach vLLM); and the
+routers' PodDisruptionBudget when there are several. Pure.
 
 Called by ``lorapool.render.manifests.render_pool``; the NetworkPolicy only with
 ``spec.security.networkPolicy``.
@@ -20,6 +21,23 @@ def engine_pdb(pool: LoRAPool) -> Obj:
         "metadata": meta(pool, names.engine(p), "engine"),
         "spec": {"maxUnavailable": 1, "selector": {"matchLabels": names.selector(p, "engine")}},
     }
+
+
+def router_pdb(pool: LoRAPool) -> list[Obj]:
+    """PodDisruptionBudget ``<pool>-router`` with several routers: a drain takes one at a time, so the
+    others serve on (and, with ``sharedState``, keep the books). None for one router: one unavailable
+    of one guards nothing, and a stricter budget would block every drain of its node."""
+    p = pool.metadata.name
+    if pool.spec.router.replicas <= 1:
+        return []
+    return [
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": meta(pool, names.router(p), "router"),
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": names.selector(p, "router")}},
+        }
+    ]
 
 
 def engine_network_policy(pool: LoRAPool) -> Obj:

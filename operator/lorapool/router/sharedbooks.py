@@ -39,6 +39,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from lorapool.api.books import BooksState
+from lorapool.render.books import PASSWORD_ENV, USERNAME_ENV
 from lorapool.router.core.books import PeerBooks, decode, encode
 from lorapool.router.scheduler import Scheduler
 from lorapool.router.settings import RouterSettings
@@ -46,8 +47,6 @@ from lorapool.router.telemetry import Telemetry
 
 log = logging.getLogger("lorapool.router.sharedbooks")
 
-USERNAME_ENV = "LORAPOOL_SHARED_STATE_USERNAME"
-PASSWORD_ENV = "LORAPOOL_SHARED_STATE_PASSWORD"
 # An entry lives this many intervals without a write: a router missing two heartbeats is still alive.
 TTL_INTERVALS = 4
 # The writer waits at least this long between two writes (coalescing the changes of a burst).
