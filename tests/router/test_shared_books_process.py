@@ -6,6 +6,7 @@ another's requests can only have come through the books."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -234,3 +235,48 @@ def test_bad_shared_state_flags_name_the_flag(flags: dict[str, Any], says: str) 
     with pytest.raises(ValueError, match=says):
         RouterSettings(**flags)
     assert RouterSettings(shared_state="rediss://books.ml.svc:6380/2").shared_state  # a good one passes
+
+
+def test_two_routers_that_have_not_heard_each_other_cannot_both_take_the_last_slot(store: RedisStore) -> None:
+    """The claim is atomic in the store: router b binds chat onto the one free slot it believes it
+    sees, but a's claim for sql took that slot first (b never heard a's publish), so b's bind is
+    undone and b holds chat until the slot frees: one adapter in the slot, never two."""
+    from lorapool.api.vllm_metrics import VllmMetrics
+    from lorapool.router.core import registry
+    from lorapool.router.core.admission import HoldReason
+    from lorapool.router.scheduler import Scheduler
+    from lorapool.router.settings import RouterSettings
+    from lorapool.router.sharedbooks import SharedBooks
+    from lorapool.router.telemetry import Telemetry
+    from lorapool_dev.testing.wait import wait_until_async
+
+    async def scenario() -> None:
+        books, schedulers = [], []
+        for port in (1, 2):
+            settings = RouterSettings(port=port, max_loras=1, max_wait_s=30, shared_state=store.url)
+            scheduler = Scheduler(registry.build("affinity"), settings, Telemetry())
+            scheduler.set_backends(["http://engine"])
+            cards = [{"id": "base"}, *({"id": m, "parent": "base"} for m in ("sql", "chat"))]
+            scheduler.polled(scheduler.backends()[0], VllmMetrics(), cards)
+            books.append(SharedBooks(settings, scheduler, Telemetry()))  # loops not run: nobody hears
+            schedulers.append(scheduler)
+        a, b = schedulers
+        for keeper in books:
+            await keeper.write()  # both up, each with an empty entry in the store
+        assert a.books_up and b.books_up
+        sql = await a.acquire(a.request_for("sql"))  # a claims the slot
+        held = asyncio.create_task(b.acquire(b.request_for("chat")))
+        await wait_until_async("b holds chat", lambda: b.queues.depth("chat") == 1, 5)
+        waiter = b.queues.head("chat")
+        assert waiter is not None and waiter.reason == HoldReason.SLOT
+        assert b.backends()[0].view().active.keys() == {"sql"}  # the claim's answer: a's books
+        a.release(sql)
+        await books[0].write()  # a's books without sql, as its writer would store them
+        await books[1].resync()  # b reads them (its subscription would have heard them first)
+        chat = await asyncio.wait_for(held, 5)
+        assert chat.backend == "http://engine"
+        assert await books[0].claim("http://engine", "x", 1, []) is False  # b's claim of chat holds the slot now
+        for keeper in books:
+            await keeper.client.aclose()
+
+    asyncio.run(scenario())

@@ -62,6 +62,9 @@ from lorapool.router.telemetry import Telemetry
 
 log = logging.getLogger("lorapool.router.scheduler")
 
+# Binds onto a free slot another router's claim beat, undone and decided again, before one stands.
+CLAIM_TRIES = 3
+
 
 class Refused(Exception):
     """Admission refused the request: ``refusal`` says why and how to answer (status, message)."""
@@ -139,6 +142,9 @@ class Scheduler:
         self.peers: PeerBooks | None = None
         self.books_changed: Callable[[], None] | None = None
         self.books_up = True  # the store answers (router.sharedbooks): binds while it does not are counted
+        # Asked before a bind takes a free LoRA slot whether another router took it first (backend,
+        # adapter, the backend's slots, this router's other adapters there): False when one did.
+        self.claim_slot: Callable[[str, str, int, list[str]], Awaitable[bool]] | None = None
         self.boot = f"{time.time():.6f}"  # this process's start, in its entries: a restart starts them again
         self.demand = DemandMeter()
         telemetry.watch(self.backends, self.queues.depths)
@@ -322,7 +328,37 @@ class Scheduler:
         self, req: Request, tried: frozenset[str] = frozenset(), *, max_wait_s: float | None = None
     ) -> Lease:
         """Bind ``req`` to a backend now, or after waiting in its adapter's queue; raises ``Refused``.
-        ``max_wait_s``: a shorter wait than ``--max-wait`` (a gateway's message timeout bounds it)."""
+        ``max_wait_s``: a shorter wait than ``--max-wait`` (a gateway's message timeout bounds it).
+        With shared books, a bind onto a free LoRA slot is claimed in the store first; when another
+        router's claim took that slot meanwhile, the bind is undone and admission asked again over
+        the books the store answered with (``CLAIM_TRIES`` times at most; then the last bind stands)."""
+        start = self.clock()
+        for attempt in range(CLAIM_TRIES):
+            left = None if max_wait_s is None else max(0.0, max_wait_s - (self.clock() - start))
+            lease = await self._acquire(req, tried, left)
+            if await self._claimed(lease) or attempt == CLAIM_TRIES - 1:
+                return lease
+            self._undo(lease)
+        raise AssertionError("unreachable: the last attempt returns its lease")
+
+    async def _claimed(self, lease: Lease) -> bool:
+        state = self._own(lease.state)
+        if self.claim_slot is None or state is None or lease.kind != DecisionKind.FREE_SLOT or not self.books_up:
+            return True
+        others = [m for m in state.adapter_inflight if m != lease.req.model]
+        if await self.claim_slot(lease.backend, lease.req.model, state.max_loras, others):
+            return True
+        self.telemetry.shared_books_conflicts.inc()
+        return False
+
+    def _undo(self, lease: Lease) -> None:
+        """A bind another router's claim beat: released as if it had not been (its charge refunded)."""
+        if self.fairness is not None and lease.charged:
+            self.fairness.correct(lease.req.model, lease.charged, 0.0, lease.req.priority)
+            lease.charged = 0.0
+        self.release(lease)
+
+    async def _acquire(self, req: Request, tried: frozenset[str], max_wait_s: float | None) -> Lease:
         views = self._views()
         decision = admit(self.scheduling, req, views, tried, lists_fresh=self.refresh_models is None)
         if isinstance(decision, Refresh) and self.refresh_models is not None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import time
@@ -51,6 +52,8 @@ log = logging.getLogger("lorapool.router.sharedbooks")
 TTL_INTERVALS = 4
 # The writer waits at least this long between two writes (coalescing the changes of a burst).
 MIN_GAP_S = 0.001
+# A claim waits at most this long (or the store's deadline, if shorter): past it the bind stands.
+CLAIM_DEADLINE_S = 0.02
 
 # KEYS[1] the pool's entries (hash), KEYS[2] their expiries (sorted set); ARGV: the entry, the TTL in
 # ms, the channel, the router. The expiry is on the store's clock (TIME), never a router's.
@@ -76,6 +79,52 @@ if #dead > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 end
 return redis.call('HVALS', KEYS[1])
+"""
+
+# KEYS as WRITE's; ARGV: the router, the backend, the adapter, the backend's LoRA slots, this router's
+# other adapters there (JSON list), the TTL in ms, the channel, the router's entry with the new request.
+# The slot is free when the adapter is already running there or fewer distinct adapters than the
+# slots run there (this router's and every live peer's): then the entry is stored and published
+# (WRITE's effect) and {1} returned, else {0, the peers' entries} for the caller to decide again on.
+CLAIM = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local dead = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
+if #dead > 0 then
+  redis.call('HDEL', KEYS[1], unpack(dead))
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+end
+local taken, n = {}, 0
+for _, a in ipairs(cjson.decode(ARGV[5])) do
+  if not taken[a] then taken[a] = true; n = n + 1 end
+end
+local all = redis.call('HGETALL', KEYS[1])
+local others = {}
+for i = 1, #all, 2 do
+  if all[i] ~= ARGV[1] then
+    table.insert(others, all[i + 1])
+    local ok, e = pcall(cjson.decode, all[i + 1])
+    if ok and type(e) == 'table' and type(e.b) == 'table' and type(e.b[ARGV[2]]) == 'table' then
+      local active = e.b[ARGV[2]][3]
+      if type(active) == 'table' then
+        for a, c in pairs(active) do
+          if tonumber(c) and tonumber(c) > 0 and not taken[a] then taken[a] = true; n = n + 1 end
+        end
+      end
+    end
+  end
+end
+if taken[ARGV[3]] or n < tonumber(ARGV[4]) then
+  local ttl = tonumber(ARGV[6])
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[8])
+  redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
+  redis.call('PEXPIRE', KEYS[1], ttl * 4)
+  redis.call('PEXPIRE', KEYS[2], ttl * 4)
+  redis.call('PUBLISH', ARGV[7], ARGV[8])
+  return {1}
+end
+table.insert(others, 1, 0)
+return others
 """
 
 # KEYS as WRITE's; ARGV[1] the router. A router that stops takes its entry out at once.
@@ -133,11 +182,13 @@ class SharedBooks:
             socket_connect_timeout=max(0.5, 10 * self.deadline_s),
         )
         self._write, self._read = self.client.register_script(WRITE), self.client.register_script(READ)
+        self._claim = self.client.register_script(CLAIM)
         self._dirty = asyncio.Event()
         self._seq = 0
         scheduler.peers = self.peers
         scheduler.books_changed = self._dirty.set
         scheduler.books_up = False
+        scheduler.claim_slot = self.claim
 
     # --- the loops ------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -195,6 +246,34 @@ class SharedBooks:
         return await self._call(
             "write", lambda: self._write(keys=self.keys, args=[entry, ttl_ms, self.channel, self.me])
         )
+
+    async def claim(self, backend: str, adapter: str, slots: int, others: list[str]) -> bool:
+        """Claim a free LoRA slot of ``backend`` for ``adapter`` (``others``: this router's other adapters
+        there) with this router's entry, which already counts the request. False when another router's
+        claim took it first: the peers' entries it answered with are folded in for the next decision.
+        A store that does not answer within ``CLAIM_DEADLINE_S`` leaves the bind standing."""
+        self._seq += 1
+        entry = encode(self.scheduler.books(self.me, self._seq))
+        args: list[str | int | bytes] = [
+            self.me, backend, adapter, slots, json.dumps(others), int(self.ttl_s * 1000), self.channel, entry
+        ]  # fmt: skip
+        try:
+            answer = await asyncio.wait_for(
+                self._claim(keys=self.keys, args=args), min(self.deadline_s, CLAIM_DEADLINE_S)
+            )
+        except (TimeoutError, RedisError, OSError):
+            self.telemetry.shared_books_errors.labels("claim").inc()
+            return True
+        if answer and int(answer[0]) == 1:
+            return True
+        now = self.clock()
+        changed = False
+        for raw in answer[1:]:
+            entry_ = decode(raw)
+            changed = (entry_ is not None and self.peers.update(entry_, now)) or changed
+        if changed or self.peers.has_service():
+            self.scheduler.peers_changed()
+        return False
 
     async def resync(self) -> bool:
         """Replace the peers by the store's live entries; when the store cannot answer, drop those past

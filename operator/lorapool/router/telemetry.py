@@ -212,6 +212,11 @@ class Telemetry:
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25),
             registry=self.registry,
         )
+        self.shared_books_conflicts = Counter(
+            "lorapool_router_shared_books_claim_conflicts",
+            "Binds onto a free LoRA slot undone because another router's claim took that slot first",
+            registry=self.registry,
+        )
         self.shared_books_local = Counter(
             "lorapool_router_shared_books_local_decisions",
             "Requests bound from this router's own books and the engines' metrics while the store was down",
