@@ -11,7 +11,8 @@ says so. Relay: streamed requests on a real-time replica; the first chunk's arri
 directly vs through lorapool, nginx and Envoy with the lorapool picker. The GIE endpoint picker
 (issue 47's peer) is on the curve, behind the same Envoy as ours. Envoy alone (round robin) and
 Envoy asking a policy-free ext_proc server (``bench.noop_ext_proc``) split the picker's cost into
-Envoy's, the ext_proc round trips' and the policy's.
+Envoy's, the ext_proc round trips' and the policy's. Shared books (issue 43): the router with a
+Redis store on 127.0.0.1 and a second, idle router sharing its books, beside the router alone.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import os
 import statistics
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ from bench.scenarios import (
     EPP_LORA_WEIGHT,
     GIE_EPP_LORA,
     LORAPOOL_AFFINITY,
+    SHARED_BOOKS_ROUTER,
     lorapool_system,
 )
 from bench.systems import FleetSpec, System, sim_fleet
@@ -52,6 +55,8 @@ SYSTEMS = (
     System(GIE_EPP_LORA, "gie-epp", f"{EPP_LORA_WEIGHT:g}"),  # issue 47: the peer behind the same Envoy
 )
 RELAY_SYSTEMS = SYSTEMS[:6]
+# Issue 43: the router with shared books (a store on 127.0.0.1) and a second, idle router sharing them.
+SHARED_BOOKS = replace(lorapool_system(RouterPolicy.AFFINITY), name=SHARED_BOOKS_ROUTER, shared_books=True, idle=1)
 
 
 def _stats(outcomes: list[Any], late: int) -> dict[str, Any]:
@@ -168,3 +173,12 @@ def run_peer_overhead(adapter_root: Path) -> dict[str, Any]:
     systems = tuple(s for s in SYSTEMS if s.name in names)
     relay = (SYSTEMS[0], lorapool_system(RouterPolicy.AFFINITY))
     return run_overhead(adapter_root, systems, relay, (100.0, 500.0))
+
+
+def run_shared_overhead(adapter_root: Path) -> dict[str, Any]:
+    """Issue 43: direct, the router and the router with shared books interleaved in one run at 100 and
+    500 req/s (the relay of direct and the router, which the summary needs), for the shared-books target.
+    The shared row's router writes its books to a store on 127.0.0.1 and reads a second router's, which
+    is idle, so each request pays the books' exchange and still meets one router."""
+    relay = (SYSTEMS[0], lorapool_system(RouterPolicy.AFFINITY))
+    return run_overhead(adapter_root, (*relay, SHARED_BOOKS), relay, (100.0, 500.0))

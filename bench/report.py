@@ -10,16 +10,18 @@ the committed results.json byte for byte); ``write_report`` adds the plots and w
 from __future__ import annotations
 
 import math
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from bench import chaos, large_catalog_report, peer_report, real_engine, real_engine_fair
 from bench import sizing as sizing_cell
 from bench.formatting import fmt as _f
+from bench.h_report import h_pairs
 from bench.results import across, runs_by_scenario
-from bench.scenarios import H_RATE_SYSTEMS, LORAPOOL_ROUND_ROBIN, NOT_BASELINES, ORACLE, several
+from bench.scenarios import H_RATE_SYSTEMS, LORAPOOL_ROUND_ROBIN, NOT_BASELINES, ORACLE, several, shared
 from bench.scenarios import LORAPOOL_AFFINITY as AFFINITY
-from bench.targets import CAPACITY_ADDED_P99_MS, TARGETS, capacity, h_pairs
+from bench.targets import CAPACITY_ADDED_P99_MS, TARGETS, capacity
 
 METHOD = Path(__file__).with_name("METHOD.md")
 PLOTS = ("goodput.png", "ttft_p99.png", "overhead.png")
@@ -118,18 +120,31 @@ def _headline(data: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+# Regime (h)'s rows per cell and door: routers, and whether they share their books (x1: the door itself).
+H_ROWS = ((1, False), (2, False), (3, False), (2, True), (3, True))
+
+
+def _h_system(door: str, routers: int, books: bool) -> str:
+    if routers == 1:
+        return door
+    return shared(several(door, routers)) if books else several(door, routers)
+
+
 def _regime_h(data: dict[str, Any]) -> list[str]:
-    """RESULTS.md's regime (h) section: per cell and door, 1-3 routers side by side; then the rate limit."""
-    pairs = list(dict.fromkeys((name, door) for name, door, _, _ in h_pairs(data, 2) + h_pairs(data, 3)))
+    """RESULTS.md's regime (h) section: per cell and door, 1-3 routers side by side, with their own books
+    and shared; then the rate limit."""
+    many = [partial(_h_system, routers=n, books=books) for n, books in H_ROWS[1:]]
+    pairs = list(dict.fromkeys((name, door) for m in many for name, door, _, _ in h_pairs(data, m)))
     rates = [(name, runs) for name, runs in runs_by_scenario(data).items() if any(s in runs for s in H_RATE_SYSTEMS)]
     if not pairs and not rates:
         return []
     lines = [
-        "## Regime (h): several routers, each with its own books (issue 43)",
+        "## Regime (h): several routers, with their own books and shared (issue 43)",
         "",
         "N `lorapool router` processes with the same flags over the same replicas, behind nginx round robin"
         " per request; N pickers as the endpoints of Envoy's ext_proc cluster (round robin per gRPC stream,"
-        " one per request). Each router keeps its own books (today's code). x1 is the ordinary system.",
+        " one per request). Each router keeps its own books (the before), or, shared, all N keep one set in a"
+        " Redis on 127.0.0.1 (`--shared-state`, one store per run). x1 is the ordinary system.",
         "",
         "| cell | door | routers | goodput req/s | TTFT p50 s | TTFT p99 s | adapter loads /1k | failed"
         " | load average at the end | measured |",
@@ -137,11 +152,11 @@ def _regime_h(data: dict[str, Any]) -> list[str]:
     ]
     by = runs_by_scenario(data)
     for name, door in sorted(pairs, key=lambda p: p[0]):  # doors in h_pairs' order within a cell
-        for n, system in ((1, door), (2, several(door, 2)), (3, several(door, 3))):
-            if (r := by[name].get(system)) is not None:
+        for n, books in H_ROWS:
+            if (r := by[name].get(_h_system(door, n, books))) is not None:
                 lines.append(
-                    f"| {name} | {door} | {n} | {_f(r['goodput_rps'], 1)} | {_f(r['ttft_p50_s'], 3)}"
-                    f" | {_f(r['ttft_p99_s'], 3)} | {_f(r['stalls_per_1k'], 0)} | {r['failed']}"
+                    f"| {name} | {door} | {n}{' shared' if books else ''} | {_f(r['goodput_rps'], 1)}"
+                    f" | {_f(r['ttft_p50_s'], 3)} | {_f(r['ttft_p99_s'], 3)} | {_f(r['stalls_per_1k'], 0)} | {r['failed']}"
                     f" | {_f(r.get('loadavg_1m_end', math.nan), 1)} | {_session(r, data)} |"
                 )
     if rates:
@@ -149,7 +164,8 @@ def _regime_h(data: dict[str, Any]) -> list[str]:
             "",
             "The rate-limit cell: nginx `stream {}` (TCP round robin per connection, as a Kubernetes Service pins"
             " a connection to one pod) over 1 or 3 routers, the load generator holding exactly C keep-alive"
-            " connections, one adapter offered 3x its pool limit (each router enforces 1/routers of it).",
+            " connections, one adapter offered 3x its pool limit (each router with its own books enforces"
+            " 1/routers of it; sharing routers split it by their share of the demand).",
             "",
             "| cell | system | connections (opened) | pool limit req/s | admitted req/s | admitted / limit"
             " | refused (429) | measured |",

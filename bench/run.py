@@ -13,9 +13,11 @@
         --systems "envoy + lorapool picker,gie epp (lora-affinity),gie epp (default)"   # issue 47's peer rows
     python bench/run.py --peer-overhead                # our picker's and the GIE EPP's added latency, ~6 min
     python bench/run.py --merge --skip-overhead --only h-a-zipf-gamma,h-rate-limit-c1,h-rate-limit-c100
-        # regime (h), issue 43: 1-3 routers per door, and the pool rate limit behind an L4 front
+        # regime (h), issue 43: x1, x3 and x3 shared per door, and the pool rate limit behind an L4 front
     python bench/run.py --merge --skip-overhead --only h-e-zipf-shift \
-        --systems "lorapool affinity,lorapool affinity x3"   # regime (e)'s cell with 1 and 3 routers
+        --systems "lorapool affinity,lorapool affinity x3,lorapool affinity x3 shared"   # regime (e)'s cell
+    python bench/run.py --merge --skip-overhead --only h-f-flood   # regime (f)'s flood cell, 1 and 3 fair routers
+    python bench/run.py --shared-overhead              # shared books' added latency beside the router's, ~4 min
     python bench/run.py --loadgen inference-perf --only a-uniform-poisson \
         --systems "envoy + lorapool picker,gie epp (lora-affinity)"   # the same cells driven by inference-perf
 
@@ -48,7 +50,7 @@ from bench.loadgen import RunResult, adapter_name, per_adapter, run_open_loop, s
 from bench.overhead import run_overhead
 from bench.report import write_report
 from bench.scenarios import EXTRA_SYSTEMS, H_ONLY, H_SCENARIOS, H_SYSTEMS, OUR_PICKER, SCENARIOS, SYSTEMS, Scenario
-from bench.systems import System, oracle_fleet, sim_fleet
+from bench.systems import System, books_key, oracle_fleet, sim_fleet
 from lorapool.api.traffic import AdapterTraffic, Priority, RateLimits, TrafficPolicy
 
 ADAPTERS = "/tmp/lorapool-bench-adapters"  # PEFT dirs, written once and reused (BENCH_ADAPTERS)
@@ -114,10 +116,12 @@ def with_priorities(system: System, scenario: Scenario, directory: Path) -> Syst
 
 
 def run_one(scenario: Scenario, system: System, adapter_root: Path) -> dict[str, Any]:
-    """One system on one scenario, with fresh replicas."""
+    """One system on one scenario, with fresh replicas (and a fresh store, keyed by both, for shared books)."""
     scale = scenario.fleet.time_scale
     started = time.monotonic()
     system = with_priorities(system, scenario, adapter_root)
+    if system.shared_books:
+        system = dataclasses.replace(system, books_key=books_key(f"bench {scenario.name} {system.name}"))
     fleet = oracle_fleet(scenario.fleet) if system.oracle else scenario.fleet
     with (
         sim_fleet(fleet, adapter_root) as sims,
@@ -151,7 +155,7 @@ def run_one(scenario: Scenario, system: System, adapter_root: Path) -> dict[str,
         summary.update(connections=scenario.connections, connections_opened=result.connections_opened)
     if scenario.rate_limit_rps:  # admitted = answered 200; the rest were refused (429)
         summary.update(pool_limit_rps=scenario.rate_limit_rps, admitted_rps=summary["throughput_rps"])
-    if scenario.regime == "f":  # the noisy neighbour is judged adapter by adapter
+    if scenario.priorities:  # the noisy neighbour (regime f, and its cell in h) is judged adapter by adapter
         summary["per_adapter"] = per_adapter(result.outcomes, window_s=window, slo_ttft_s=scenario.slo_ttft_s)
     return summary
 
@@ -284,6 +288,11 @@ def _parser() -> argparse.ArgumentParser:
         help="measure only our picker's and the GIE EPP's added latency side by side (results.json peer_overhead)",
     )
     parser.add_argument(
+        "--shared-overhead",
+        action="store_true",
+        help="measure only the router's added latency with shared books beside without (results.json shared_overhead)",
+    )
+    parser.add_argument(
         "--loadgen",
         choices=("ours", "inference-perf"),
         default="ours",
@@ -296,16 +305,19 @@ def _parser() -> argparse.ArgumentParser:
 def _measure_separate_cell(
     args: argparse.Namespace, out: Path, adapter_root: Path, stamp: dict[str, str]
 ) -> dict[str, Any] | None:
-    """The cell a mode flag names (first of --loadgen inference-perf, --large-catalog, --real-engine,
-    --regime-b-seeds, --real-engine-fair, --chaos, --sizing), measured into OUT by its own module; the results to
-    report, or None when no such flag was given."""
+    """The cell a mode flag names (first of --loadgen inference-perf, --peer-overhead or --shared-overhead,
+    --large-catalog, --real-engine, --regime-b-seeds, --real-engine-fair, --chaos, --sizing), measured into OUT
+    by its own module; the results to report, or None when no such flag was given."""
     if args.loadgen == "inference-perf":
         return _measure_inference_perf(args, out, adapter_root, stamp)
-    if args.peer_overhead:
-        from bench.overhead import run_peer_overhead
+    if args.peer_overhead or args.shared_overhead:
+        from bench.overhead import run_peer_overhead, run_shared_overhead
 
+        key, measure = (
+            ("peer_overhead", run_peer_overhead) if args.peer_overhead else ("shared_overhead", run_shared_overhead)
+        )
         data = results.load(out, stamp)
-        data["peer_overhead"] = {**run_peer_overhead(adapter_root), **stamp}
+        data[key] = {**measure(adapter_root), **stamp}
         results.save(out, data)
         return data
     if args.large_catalog:

@@ -242,13 +242,30 @@ def several(name: str, routers: int) -> str:
     return f"{name} x{routers}"
 
 
+def shared(name: str) -> str:
+    """The name of ``name`` (N routers) with shared books, one store for the run: "lorapool affinity x3 shared"."""
+    return f"{name} shared"
+
+
 H_COUNTS = (2, 3)
-H_SYSTEMS = (LORAPOOL_AFFINITY, *(several(LORAPOOL_AFFINITY, n) for n in H_COUNTS), ENVOY_PICKER,
-             *(several(ENVOY_PICKER, n) for n in H_COUNTS))  # fmt: skip
+# Each (h) cell runs x1, x3 with its own books (the "before") and x3 with shared books, for both doors;
+# x2 and x2 shared run when --systems names them (a 6-system cell is ~10 min already).
+H_SYSTEMS = tuple(n for door in (LORAPOOL_AFFINITY, ENVOY_PICKER)
+                  for n in (door, several(door, 3), shared(several(door, 3))))  # fmt: skip
 # The rate-limit cell: an L4 front (nginx stream {}, round robin per TCP connection, as a Kubernetes
-# Service pins a client's connection to one router pod) over 1 and 3 routers.
+# Service pins a client's connection to one router pod) over 1 and 3 routers, and 3 with shared books
+# (whose traffic file says 3 routers, as the operator writes it: the routers split the limit by demand).
 L4 = " (L4 front)"
-H_RATE_SYSTEMS = (LORAPOOL_AFFINITY + L4, several(LORAPOOL_AFFINITY, 3) + L4)
+H_RATE_SYSTEMS = (
+    LORAPOOL_AFFINITY + L4,
+    several(LORAPOOL_AFFINITY, 3) + L4,
+    shared(several(LORAPOOL_AFFINITY, 3)) + L4,
+)
+# Regime (f)'s flood cell with 3 routers: fair dispatch alone, 3 with their own books and 3 sharing them.
+H_FLOOD = "h-f-flood"
+H_FAIR_SYSTEMS = (LORAPOOL_FAIR, several(LORAPOOL_FAIR, 3), shared(several(LORAPOOL_FAIR, 3)))
+# The overhead cell's router with shared books: a store on 127.0.0.1 and a second, idle router sharing them.
+SHARED_BOOKS_ROUTER = "lorapool affinity (shared books)"
 H_RATE_LIMIT_RPS = 8.0
 H_RATE_CONNECTIONS = (1, 100)
 # The headline cells of regimes (a) and (b) (RESULTS.md's "Router II" check: the cells issue 42 re-ran),
@@ -257,8 +274,9 @@ H_OF = ("a-uniform-poisson", "a-zipf-gamma", "b-zipf-poisson")
 
 
 def h_scenarios(scenarios: tuple[Scenario, ...]) -> tuple[Scenario, ...]:
-    """Regime (h): the headline cells as ``h-<name>``, same fleet and schedule, run with x1-x3 of both
-    doors; then the rate-limit cell with 1 and 100 client connections. Pure."""
+    """Regime (h): the headline cells as ``h-<name>``, same fleet and schedule, run with x1, x3 and x3 shared
+    of both doors; then the rate-limit cell with 1 and 100 client connections; then regime (f)'s flood
+    cell with 1 and 3 fair-dispatch routers. Pure."""
     by_name = {s.name: s for s in scenarios}
     cells = tuple(
         replace(by_name[n], name=f"h-{n}", regime="h", about=f"{by_name[n].about}; as {n}", systems=H_SYSTEMS)
@@ -281,7 +299,9 @@ def h_scenarios(scenarios: tuple[Scenario, ...]) -> tuple[Scenario, ...]:
         )
         for c in H_RATE_CONNECTIONS
     )
-    return (*cells, *limits)
+    flood = by_name["f-flood"]
+    fair = replace(flood, name=H_FLOOD, regime="h", about=f"{flood.about}; as f-flood", systems=H_FAIR_SYSTEMS)
+    return (*cells, *limits, fair)
 
 
 # Run only when --only names them (bench/run.py): issue 43's measurement, not part of the full matrix.
@@ -289,11 +309,17 @@ H_SCENARIOS = h_scenarios(SCENARIOS)
 SYSTEMS += (
     *(replace(s, name=several(s.name, n), routers=n) for s in SYSTEMS if s.name in (LORAPOOL_AFFINITY, ENVOY_PICKER)
       for n in H_COUNTS),
+    *(replace(s, name=shared(several(s.name, n)), routers=n, shared_books=True) for s in SYSTEMS
+      if s.name in (LORAPOOL_AFFINITY, ENVOY_PICKER) for n in H_COUNTS),
+    *(replace(s, name=name, routers=3, shared_books=books) for s in SYSTEMS if s.name == LORAPOOL_FAIR
+      for name, books in zip(H_FAIR_SYSTEMS[1:], (False, True), strict=True)),
     replace(lorapool_system(RouterPolicy.AFFINITY), name=H_RATE_SYSTEMS[0], front="l4"),
     replace(lorapool_system(RouterPolicy.AFFINITY), name=H_RATE_SYSTEMS[1], routers=3, front="l4"),
+    replace(lorapool_system(RouterPolicy.AFFINITY), name=H_RATE_SYSTEMS[2], routers=3, front="l4", shared_books=True),
 )  # fmt: skip
 # Regime (h)'s own systems: measured in its cells only (bench/run.py), never a baseline.
-H_ONLY = (*(several(n, c) for n in (LORAPOOL_AFFINITY, ENVOY_PICKER) for c in H_COUNTS), *H_RATE_SYSTEMS)
+H_ONLY = (*(m(several(n, c)) for n in (LORAPOOL_AFFINITY, ENVOY_PICKER) for c in H_COUNTS for m in (str, shared)),
+          *H_RATE_SYSTEMS, *H_FAIR_SYSTEMS[1:])  # fmt: skip
 NOT_BASELINES += H_ONLY
 
 # Run only when --systems names them: the lora-affinity weight sweep (bench/NOTES.md).

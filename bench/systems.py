@@ -7,7 +7,9 @@ floors, ``bench.noop_ext_proc``), nginx round-robin (Debian package; installed w
 missing) and ``vllm-router`` from PyPI (a Rust binary; each of its policies that makes sense here).
 Regime (h) runs N routers (or N pickers) over the same replicas, each with its own books: behind
 nginx per request, behind nginx ``stream {}`` per TCP connection (as a Kubernetes Service pins a
-client's connection to one pod), or as the N endpoints of Envoy's ext_proc cluster.
+client's connection to one pod), or as the N endpoints of Envoy's ext_proc cluster; with shared
+books (issue 43), one ``RedisStore`` per system run and ``--shared-state URL --shared-state-key KEY``
+on every router, so the N keep one set of books.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import re
 import shutil
 import subprocess
 import tempfile
@@ -153,6 +156,12 @@ class System:
     # connection). One router behind "http" is the router alone (no proxy in front).
     routers: int = 1
     front: str = "http"
+    # Shared books (issue 43): one RedisStore per system run, its URL and ``books_key`` (default: the
+    # name, slugged) given to every router; ``idle`` more routers share the books and get no traffic
+    # (the overhead cell: the books are exchanged, yet every request meets one router).
+    shared_books: bool = False
+    books_key: str = ""
+    idle: int = 0
 
     @contextmanager
     def start(
@@ -166,7 +175,7 @@ class System:
             # The router's clocks are wall clocks: stretch them with the simulator's time scale.
             args = ["--max-wait", f"{1.0 * time_scale:g}", "--poll-interval", f"{time_scale:g}"]
             args += ["--max-cpu-loras", str(max_cpu_loras)] if max_cpu_loras else []
-            with self._routers(backends, [*args, *self.args]) as url:
+            with self._books(backends, [*args, *self.args]) as url:
                 yield url
         elif self.kind == "nginx":
             with nginx(backends) as url:
@@ -186,6 +195,23 @@ class System:
         else:
             raise ValueError(f"unknown system kind {self.kind!r}")
 
+    @contextmanager
+    def _books(self, backends: Sequence[str], args: Sequence[str]) -> Iterator[str]:
+        """The routers (``_routers``), with shared books first when asked: one store for this run and its
+        flags on every router, then the idle routers that share them; the URL clients use."""
+        if self.idle < 0 or (self.idle and not self.shared_books):
+            raise ValueError(f"{self.name}: idle={self.idle}; idle routers need shared_books=True and idle >= 0")
+        if not self.shared_books:
+            with self._routers(backends, args) as url:
+                yield url
+            return
+        from lorapool_dev.testing.redisstore import running_store
+
+        with running_store() as store:
+            flags = [*args, "--shared-state", store.url, "--shared-state-key", books_key(self.books_key or self.name)]
+            with idle_routers(backends, self.policy, flags, self.idle), self._routers(backends, flags) as url:
+                yield url
+
     def _routers(self, backends: Sequence[str], args: Sequence[str]) -> AbstractContextManager[str]:
         """This system's router processes (``routers`` of them) and their front; the URL clients use."""
         if self.routers < 1:
@@ -202,6 +228,29 @@ class System:
 FRONTS = ("http", "l4")
 
 
+def books_key(text: str) -> str:
+    """``text`` as a shared-books key prefix: lower-case letters, digits and dashes. Pure."""
+    key = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    if not key:
+        raise ValueError(f"books key {text!r} has no letter or digit; name the system or pass books_key")
+    return key
+
+
+@contextmanager
+def idle_routers(backends: Sequence[str], policy: str, args: Sequence[str], count: int) -> Iterator[list[str]]:
+    """``count`` HTTP routers with ``args`` that no client reaches (none: nothing started); their URLs."""
+    if count == 0:
+        yield []
+        return
+
+    def start(_: int) -> tuple[str, RunningProcess]:
+        router = start_router(backends, policy=policy, extra=["--log-level", "WARNING", *args], health_path="/health")
+        return router.url, router.proc
+
+    with started_in_parallel(count, start) as urls:
+        yield urls
+
+
 @contextmanager
 def lorapool_router(backends: Sequence[str], policy: str, args: Sequence[str] = ()) -> Iterator[str]:
     with start_router(
@@ -214,8 +263,8 @@ def lorapool_router(backends: Sequence[str], policy: str, args: Sequence[str] = 
 def lorapool_routers(
     backends: Sequence[str], policy: str, args: Sequence[str], count: int, front: str
 ) -> Iterator[str]:
-    """``count`` routers with the same flags over the same replicas, each with its own books (today's
-    code: no state is shared), behind nginx: per request ("http") or per TCP connection ("l4")."""
+    """``count`` routers with the same flags over the same replicas (each with its own books unless the
+    flags share them: ``System._books``), behind nginx: per request ("http") or per TCP connection ("l4")."""
 
     def start(_: int) -> tuple[str, RunningProcess]:
         router = start_router(backends, policy=policy, extra=["--log-level", "WARNING", *args], health_path="/health")

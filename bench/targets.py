@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from bench import fairness_report as fair
+from bench import h_report as h
 from bench import large_catalog_report
 from bench import peer_report as peer
 from bench import prefix_report as prefix
@@ -22,11 +23,9 @@ from bench.scenarios import (
     ENVOY_ALONE,
     ENVOY_NOOP,
     ENVOY_PICKER,
-    H_RATE_SYSTEMS,
     LORAPOOL_ROUND_ROBIN,
     NOT_BASELINES,
     ORACLE,
-    several,
 )
 from bench.scenarios import LORAPOOL_AFFINITY as AFFINITY
 
@@ -370,82 +369,6 @@ def _why_oracle(data: dict[str, Any]) -> str:
     return ("; ".join(out) + "; the oracle never loads (every adapter always resident)") if out else ""
 
 
-def h_pairs(data: dict[str, Any], routers: int = 3) -> list[tuple[str, str, dict[str, Any], dict[str, Any]]]:
-    """Regime (h): (scenario, door, one router's cell, ``routers`` routers' cell) for each cell and door
-    measured both ways (the rate-limit cells have their own target). Pure."""
-    regimes = {s["name"]: s["regime"] for s in data.get("scenarios", [])}
-    out = []
-    for name, runs in runs_by_scenario(data).items():
-        if regimes.get(name) != "h":
-            continue
-        for door in (AFFINITY, ENVOY_PICKER):
-            one, many = runs.get(door), runs.get(several(door, routers))
-            if one is not None and many is not None:
-                out.append((name, door, one, many))
-    return out
-
-
-def _h_ratio(key: str) -> Callable[[dict[str, Any]], list[Cell]]:
-    """Regime (h): 3 routers' ``key`` over one router's, per cell and door."""
-
-    def cells(data: dict[str, Any]) -> list[Cell]:
-        return [
-            Cell(f"{name}, {door}{across(many, one)}", _ratio(many[key], one[key]))
-            for name, door, one, many in h_pairs(data)
-        ]
-
-    return cells
-
-
-def _why_h(data: dict[str, Any]) -> str:
-    """Regime (h): where 3 routers lose, the adapter loads they pay that one router does not."""
-    out = []
-    for name, door, one, many in h_pairs(data):
-        if (
-            _ratio(many["goodput_rps"], one["goodput_rps"]) < 0.95
-            or _ratio(many["stalls_per_1k"], one["stalls_per_1k"]) > 1.1
-        ):
-            out.append(
-                f"{name}, {door}: adapter loads {many['stalls_per_1k']:.0f} vs {one['stalls_per_1k']:.0f} per 1k,"
-                f" p99 TTFT {_p99(many)} vs {_p99(one)}"
-            )
-    if not out:
-        return ""
-    return "; ".join(out) + (
-        " (3 routers vs 1): each router's books hold only the requests it bound itself and see the others' a"
-        " metrics poll later, so two routers bind different adapters onto the same free slot and evict each"
-        " other's; the p99 TTFT and loads targets miss by the same cells (bench/NOTES.md, regime (h))"
-    )
-
-
-def _h_rate_cells(data: dict[str, Any]) -> list[Cell]:
-    """Regime (h): how far 3 routers behind an L4 front admit from the pool's rate limit, per connection count."""
-    out = []
-    for name, runs in runs_by_scenario(data).items():
-        run = runs.get(H_RATE_SYSTEMS[1])
-        if run is None or "pool_limit_rps" not in run:
-            continue
-        share = _ratio(run["admitted_rps"], run["pool_limit_rps"])
-        label = (
-            f"{name}: admitted {run['admitted_rps']:.2f} of {run['pool_limit_rps']:g} req/s ({share:.2f}x) over"
-            f" {run['connections']} connection(s)"
-        )
-        out.append(Cell(label, abs(share - 1.0)))
-    return out
-
-
-def _why_h_rate(data: dict[str, Any]) -> str:
-    """Each router enforces its 1/routers share; an L4 front pins a connection, so one client reaches one router."""
-    one = [c for c in _h_rate_cells(data) if c.value > 0.05]
-    if not one:
-        return ""
-    return (
-        "; ".join(c.label.split(":")[0] for c in one) + ": each of the 3 routers enforces its 1/3 share of the"
-        " limit (docs/traffic.md) and the L4 front pins each connection to one router, so the requests of a"
-        " connection meet one share; with few connections the other routers' shares go unused"
-    )
-
-
 def _cells(read: Callable[[dict[str, Any]], list[tuple[str, float]]]) -> Callable[[dict[str, Any]], list[Cell]]:
     """A module's (label, value) pairs as cells."""
     return lambda data: [Cell(label, value) for label, value in read(data)]
@@ -519,17 +442,18 @@ TARGETS: tuple[Target, ...] = (
            "lower", " ms", _cells(peer.overhead_cells("added_p50_ms"))),
     Target("47", "peer: our picker's added p99 minus the GIE EPP's at 100 and 500 req/s (one run)", "<= 0 ms", 0.0,
            "lower", " ms", _cells(peer.overhead_cells("added_p99_ms"))),
-    # Issue 43, item 5: several routers must decide as one (bench/NOTES.md, regime (h)).
+    # Issue 43, item 5: several routers must decide as one: 3 sharing their books against one (bench/h_report.py;
+    # 3 with their own books are the "before" in RESULTS.md and bench/NOTES.md, regime (h)).
     Target("43", "regime (h): 3 routers' goodput over one router's, per cell and door", ">= 0.95x", 0.95, "higher",
-           "x", _h_ratio("goodput_rps"), _why_h),
+           "x", _cells(h.ratio_cells("goodput_rps")), h.why_ratio),
     Target("43", "regime (h): 3 routers' p99 TTFT over one router's, per cell and door", "<= 1.2x", 1.2, "lower",
-           "x", _h_ratio("ttft_p99_s")),
+           "x", _cells(h.ratio_cells("ttft_p99_s"))),
     Target("43", "regime (h): 3 routers' adapter loads per 1k requests over one router's, per cell and door",
-           "<= 1.1x", 1.1, "lower", "x", _h_ratio("stalls_per_1k")),
+           "<= 1.1x", 1.1, "lower", "x", _cells(h.ratio_cells("stalls_per_1k"))),
     Target("43", "regime (h): a pool rate limit with 3 routers behind an L4 front, 1 and 100 client connections:"
-           " admitted / limit, off 1 by", "<= 0.05", 0.05, "lower", "", _h_rate_cells, _why_h_rate),
+           " admitted / limit, off 1 by", "<= 0.05", 0.05, "lower", "", _cells(h.rate_cells), h.why_rate),
     Target("43", "regime (h): regime (f) with 3 routers: the worst well-behaved adapter's p99 TTFT over one"
-           " router's", "<= 1.1x", 1.1, "lower", "x", lambda data: [], unmeasured="not measured yet"),
+           " router's", "<= 1.1x", 1.1, "lower", "x", _cells(h.flood_cells)),
     Target("43", "regime (h): shared books' added p50 at 500 req/s (the overhead cell, store on 127.0.0.1)",
-           "<= 0.5 ms", 0.5, "lower", " ms", lambda data: [], unmeasured="not measured yet"),
+           "<= 0.5 ms", 0.5, "lower", " ms", _cells(h.overhead_cells), h.why_overhead),
 )  # fmt: skip
