@@ -342,8 +342,11 @@ class Scheduler:
         raise AssertionError("unreachable: the last attempt returns its lease")
 
     async def _claimed(self, lease: Lease) -> bool:
+        """Whether the bind may stand: True unless it loads an adapter into a free slot (not running
+        there, not warm: no load, no claim) and another router's claim took that slot first."""
         state = self._own(lease.state)
-        if self.claim_slot is None or state is None or lease.kind != DecisionKind.FREE_SLOT or not self.books_up:
+        loads = lease.kind == DecisionKind.FREE_SLOT and not lease.bind.in_slot
+        if self.claim_slot is None or state is None or not loads or not self.books_up:
             return True
         others = [m for m in state.adapter_inflight if m != lease.req.model]
         if await self.claim_slot(lease.backend, lease.req.model, state.max_loras, others):
