@@ -237,30 +237,37 @@ def test_bad_shared_state_flags_name_the_flag(flags: dict[str, Any], says: str) 
     assert RouterSettings(shared_state="rediss://books.ml.svc:6380/2").shared_state  # a good one passes
 
 
-def test_two_routers_that_have_not_heard_each_other_cannot_both_take_the_last_slot(store: RedisStore) -> None:
-    """The claim is atomic in the store: router b binds chat onto the one free slot it believes it
-    sees, but a's claim for sql took that slot first (b never heard a's publish), so b's bind is
-    undone and b holds chat until the slot frees: one adapter in the slot, never two."""
+def in_process_routers(store: RedisStore, count: int = 2) -> tuple[list[Any], list[Any]]:
+    """``count`` schedulers over one engine with 1 LoRA slot, each with its SharedBooks on ``store``
+    and its loops not run: the test says when each writes and reads."""
     from lorapool.api.vllm_metrics import VllmMetrics
     from lorapool.router.core import registry
-    from lorapool.router.core.admission import HoldReason
     from lorapool.router.scheduler import Scheduler
     from lorapool.router.settings import RouterSettings
     from lorapool.router.sharedbooks import SharedBooks
     from lorapool.router.telemetry import Telemetry
+
+    books, schedulers = [], []
+    for port in range(1, count + 1):
+        settings = RouterSettings(port=port, max_loras=1, max_wait_s=30, shared_state=store.url)
+        scheduler = Scheduler(registry.build("affinity"), settings, Telemetry())
+        scheduler.set_backends(["http://engine"])
+        cards = [{"id": "base"}, *({"id": m, "parent": "base"} for m in ("sql", "chat", "code"))]
+        scheduler.polled(scheduler.backends()[0], VllmMetrics(), cards)
+        books.append(SharedBooks(settings, scheduler, Telemetry()))
+        schedulers.append(scheduler)
+    return books, schedulers
+
+
+def test_two_routers_that_have_not_heard_each_other_cannot_both_take_the_last_slot(store: RedisStore) -> None:
+    """The claim is atomic in the store: router b binds chat onto the one free slot it believes it
+    sees, but a's claim for sql took that slot first (b never heard a's publish), so b's bind is
+    undone and b holds chat until the slot frees: one adapter in the slot, never two."""
+    from lorapool.router.core.admission import HoldReason
     from lorapool_dev.testing.wait import wait_until_async
 
     async def scenario() -> None:
-        books, schedulers = [], []
-        for port in (1, 2):
-            settings = RouterSettings(port=port, max_loras=1, max_wait_s=30, shared_state=store.url)
-            scheduler = Scheduler(registry.build("affinity"), settings, Telemetry())
-            scheduler.set_backends(["http://engine"])
-            cards = [{"id": "base"}, *({"id": m, "parent": "base"} for m in ("sql", "chat"))]
-            scheduler.polled(scheduler.backends()[0], VllmMetrics(), cards)
-            books.append(SharedBooks(settings, scheduler, Telemetry()))  # loops not run: nobody hears
-            schedulers.append(scheduler)
-        a, b = schedulers
+        books, (a, b) = in_process_routers(store)
         for keeper in books:
             await keeper.write()  # both up, each with an empty entry in the store
         assert a.books_up and b.books_up
@@ -276,6 +283,38 @@ def test_two_routers_that_have_not_heard_each_other_cannot_both_take_the_last_sl
         chat = await asyncio.wait_for(held, 5)
         assert chat.backend == "http://engine"
         assert await books[0].claim("http://engine", "x", 1, []) is False  # b's claim of chat holds the slot now
+        for keeper in books:
+            await keeper.client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_freed_slot_goes_to_the_oldest_held_request_of_the_pool_not_of_the_router(store: RedisStore) -> None:
+    """b frees the slot while a holds an older request than b's own: b lets a's go first (for
+    PEER_GRACE_S at most), a binds it, and b's stays held, as one router's FIFO would have it."""
+    from lorapool_dev.testing.wait import wait_until_async
+
+    async def scenario() -> None:
+        books, (a, b) = in_process_routers(store)
+        sql = await b.acquire(b.request_for("sql"))  # b's request takes the one slot
+        for keeper in (books[1], books[0]):
+            await keeper.write()
+            await keeper.resync()
+        older = asyncio.create_task(a.acquire(a.request_for("chat")))
+        await wait_until_async("a holds chat", lambda: a.queues.depth("chat") == 1, 5)
+        await books[0].write()
+        newer = asyncio.create_task(b.acquire(b.request_for("code")))
+        await wait_until_async("b holds code", lambda: b.queues.depth("code") == 1, 5)
+        await books[1].resync()  # b knows a's head: chat, older than its code
+        b.release(sql)  # the slot frees at b
+        assert b.queues.depth("code") == 1 and not newer.done()  # b lets a's older request go first
+        await books[1].write()
+        await books[0].resync()  # a hears the free slot
+        assert (await asyncio.wait_for(older, 5)).req.model == "chat"
+        await books[1].resync()
+        await asyncio.sleep(0.1)  # past PEER_GRACE_S: b tries, and a's claim holds the slot
+        assert b.queues.depth("code") == 1 and not newer.done()
+        newer.cancel()
         for keeper in books:
             await keeper.client.aclose()
 

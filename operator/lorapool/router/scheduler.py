@@ -50,6 +50,8 @@ from lorapool.router.core.books import (
     Entry,
     PeerBooks,
     demand_share,
+    peer_goes_first,
+    pool_order,
 )
 from lorapool.router.core.document import SchedulerKnobs
 from lorapool.router.core.fairness import VirtualTokenCounter, cost, estimate
@@ -64,6 +66,11 @@ log = logging.getLogger("lorapool.router.scheduler")
 
 # Binds onto a free slot another router's claim beat, undone and decided again, before one stands.
 CLAIM_TRIES = 3
+# A held request lets a peer's older (or higher-class) held request take a freed slot for this long at
+# most, then binds (the peer may not have heard of the slot, or its request may fit nowhere here).
+PEER_GRACE_S = 0.05
+# A peer's held request goes first only when it began waiting this much earlier (clocks differ a little).
+PEER_SLACK_S = 0.005
 
 
 class Refused(Exception):
@@ -103,6 +110,7 @@ class _Waiter:
     since_s: float
     future: asyncio.Future[Lease] = field(repr=False)
     reason: HoldReason = HoldReason.SLOT
+    deferred_at: float | None = None  # when it first let a peer's held request go first (shared books)
 
 
 class Scheduler:
@@ -518,7 +526,12 @@ class Scheduler:
         limited = self.limits.limited()
         self.demand.forget_except(limited)
         served = self.fairness.served_recently(MAX_SERVICE_KEYS) if self.fairness is not None else {}
-        return Entry(router, seq, backends, self.queues.depths(), self.demand.rates(self.clock()), served, self.boot)
+        now = self.clock()
+        to_wall = time.time() - now
+        heads = {
+            m: (to_wall + w.since_s, w.req.priority.rank) for m in self.queues.depths() if (w := self.queues.head(m))
+        }
+        return Entry(router, seq, backends, self.queues.depths(), self.demand.rates(now), served, self.boot, heads)
 
     def peers_changed(self) -> None:
         """The other routers' books changed (heard, resynced or expired): fold them into each backend's
@@ -541,10 +554,30 @@ class Scheduler:
         """Bind the held request ``dispatch.next_bind`` names; False when none may bind now."""
         views = self._views()
         chosen = dispatch.next_bind(self.scheduling, self.queues, views, self.base_models(), self.fairness)
-        if chosen is None:
+        if chosen is None or self._peer_first(chosen.model, chosen.held, chosen.bind.backend):
             return False
         self.queues.pop(chosen.model)
         chosen.held.future.set_result(self._bind(chosen.held.req, chosen.bind, views))
+        return True
+
+    def _peer_first(self, model: str, waiter: _Waiter, backend: str) -> bool:
+        """Shared books: True while a peer holds a request that comes first in the pool's order and fits
+        ``backend`` (``core.books.peer_goes_first``): ``waiter`` lets it take the slot, for
+        ``PEER_GRACE_S`` at most (then it binds; a pass is due then)."""
+        if self.peers is None or not len(self.peers) or not self.books_up:
+            return False
+        now = self.clock()
+        if waiter.deferred_at is not None and now - waiter.deferred_at >= PEER_GRACE_S:
+            return False
+        to_wall = time.time() - now
+        order = pool_order(self.fairness.counter if self.fairness is not None else None)
+        mine = order(model, to_wall + waiter.since_s - PEER_SLACK_S, waiter.req.priority.rank)
+        state = self._states.get(backend)
+        if not peer_goes_first(mine, self.peers.heads(), order, lambda m: state is not None and state.serves(m)):
+            return False
+        if waiter.deferred_at is None:
+            waiter.deferred_at = now
+            asyncio.get_running_loop().call_later(PEER_GRACE_S, self.changed)
         return True
 
     def _refuse_lost_loads(self) -> None:

@@ -159,3 +159,22 @@ def test_fair_dispatch_counts_the_service_peers_gave_once_and_a_restarted_peer_f
     books.update(Entry("r1", 1, {}, service={"flood": 40.0}, boot="b"), 10.2)
     assert books.take_service() == {"flood": 40.0}
     assert peer.served_recently(1) == {"flood": 400.0}  # the key charged last
+
+
+def test_a_peers_older_or_higher_class_head_goes_first_where_it_fits() -> None:
+    from lorapool.router.core.books import peer_goes_first, pool_order
+
+    order = pool_order(None)
+    mine = order("sql", 100.0, 1)  # a standard request waiting since t=100
+    fits = lambda m: m != "elsewhere"  # noqa: E731
+    assert peer_goes_first(mine, [("chat", 99.0, 1)], order, fits)  # older, same class
+    assert not peer_goes_first(mine, [("chat", 101.0, 1)], order, fits)  # younger
+    assert peer_goes_first(mine, [("chat", 105.0, 0)], order, fits)  # younger but critical
+    assert not peer_goes_first(mine, [("elsewhere", 1.0, 0)], order, fits)  # cannot use this slot
+    assert not peer_goes_first(mine, [], order, fits)
+    counters = {"flood": 500.0, "quiet": 10.0}
+    fair = pool_order(counters.__getitem__)  # fair dispatch: the least served first, whatever the age
+    assert peer_goes_first(fair("flood", 1.0, 1), [("quiet", 50.0, 1)], fair, fits)
+    assert not peer_goes_first(fair("quiet", 50.0, 1), [("flood", 1.0, 1)], fair, fits)
+    entry = Entry("r1", 1, {}, heads={"sql": (1765000000.125, 0)})
+    assert decode(encode(entry)) == entry

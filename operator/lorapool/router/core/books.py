@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +69,9 @@ class Entry:
     # (``fairness.VirtualTokenCounter.served``, the keys charged last): peers add what grew to theirs.
     service: Mapping[str, float] = field(default_factory=dict)
     boot: str = ""  # this router process's start: a restarted router's seq and service start again
+    # The oldest held request per adapter: (Unix time it began waiting, its class rank), so a router
+    # about to bind a held request onto a freed slot lets an older or higher-class one elsewhere go first.
+    heads: Mapping[str, tuple[float, int]] = field(default_factory=dict)
 
 
 def encode(entry: Entry) -> bytes:
@@ -87,6 +90,8 @@ def encode(entry: Entry) -> bytes:
         doc["f"] = {k: round(v, 3) for k, v in entry.service.items()}
     if entry.boot:
         doc["o"] = entry.boot
+    if entry.heads:
+        doc["q"] = {m: [round(since, 3), rank] for m, (since, rank) in entry.heads.items()}
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
@@ -103,7 +108,8 @@ def decode(raw: bytes | str) -> Entry | None:
         held = {str(m): int(n) for m, n in dict(doc.get("h") or {}).items()}
         demand = {str(m): float(r) for m, r in dict(doc.get("d") or {}).items() if math.isfinite(float(r))}
         service = {str(k): float(v) for k, v in dict(doc.get("f") or {}).items() if math.isfinite(float(v))}
-        return Entry(str(doc["r"]), int(doc["s"]), backends, held, demand, service, str(doc.get("o") or ""))
+        heads = {str(m): (float(v[0]), int(v[1])) for m, v in dict(doc.get("q") or {}).items()}
+        return Entry(str(doc["r"]), int(doc["s"]), backends, held, demand, service, str(doc.get("o") or ""), heads)
     except (ValueError, TypeError, KeyError, IndexError):
         return None
 
@@ -218,6 +224,40 @@ class PeerBooks:
 
     def held(self, model: str) -> int:
         return sum(e.held.get(model, 0) for e, _ in self._entries.values())
+
+    def heads(self) -> list[tuple[str, float, int]]:
+        """Every peer's oldest held request per adapter: (adapter, since when, class rank)."""
+        return [(m, since, rank) for e, _ in self._entries.values() for m, (since, rank) in e.heads.items()]
+
+
+Order = Callable[[str, float, int], tuple[float, ...]]
+
+
+def pool_order(counter: Callable[[str], float] | None) -> Order:
+    """The pool's order of held requests (adapter, since when, class rank) -> a sort key: fair
+    dispatch's counter first when it is on (``counter``), then class, then age, as one router orders them."""
+
+    def by_class(model: str, since: float, rank: int) -> tuple[float, ...]:
+        return (rank, since)
+
+    def fair(model: str, since: float, rank: int) -> tuple[float, ...]:
+        assert counter is not None
+        return (counter(model), rank, since)
+
+    return by_class if counter is None else fair
+
+
+def peer_goes_first(
+    mine: tuple[float, ...],
+    heads: list[tuple[str, float, int]],
+    order: Order,
+    fits: Callable[[str], bool],
+) -> bool:
+    """Whether a peer's held request should take the slot this router is about to give its own held
+    request (``mine``: its order key): one that comes first in the pool's order (``order``: class then
+    age, or fair dispatch's counters) and whose adapter ``fits`` the slot. One router's queue is FIFO
+    by class; several routers' queues are one only if each lets the others' older heads go first."""
+    return any(order(m, since, rank) < mine and fits(m) for m, since, rank in heads)
 
 
 def _sum(entries: Any) -> dict[str, PeerLoad]:
