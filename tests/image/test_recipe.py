@@ -8,6 +8,7 @@ import pytest
 
 import lorapool
 from lorapool_dev.image.recipe import (
+    IMAGE_PYTHON_ONLY,
     TARGETS,
     BaseSpec,
     BuildPlan,
@@ -112,7 +113,8 @@ def test_the_wheelhouse_holds_the_build_backend_and_the_runtime_dependencies() -
 
     pyproject = (REPO / "pyproject.toml").read_text()
     data = tomllib.loads(pyproject)
-    assert wheelhouse_requirements(pyproject) == data["build-system"]["requires"] + data["project"]["dependencies"]
+    expected = data["build-system"]["requires"] + data["project"]["dependencies"] + list(IMAGE_PYTHON_ONLY)
+    assert wheelhouse_requirements(pyproject) == expected
 
 
 def test_the_dockerfile_ignores_an_empty_wheelhouse() -> None:

@@ -116,10 +116,17 @@ def base_key(spec: BaseSpec) -> str:
     return _key({"recipe": RECIPE_VERSION, "base": spec.__dict__})
 
 
+# What the image's Python needs that this machine's does not: the wheelhouse is made with this machine's
+# pip, which skips a dependency whose marker only the image's older Python matches (redis-py asks for
+# async-timeout below Python 3.11.3; Debian bookworm's is 3.11.2), and the build stage installs offline.
+IMAGE_PYTHON_ONLY = ("async-timeout>=4.0.3",)
+
+
 def wheelhouse_requirements(pyproject: str) -> list[str]:
-    """What the build stage installs: the runtime dependencies and the build backend."""
+    """What the build stage installs: the runtime dependencies, the build backend and what only the
+    image's Python asks for (``IMAGE_PYTHON_ONLY``)."""
     data = tomllib.loads(pyproject)
-    return [*data["build-system"]["requires"], *data["project"]["dependencies"]]
+    return [*data["build-system"]["requires"], *data["project"]["dependencies"], *IMAGE_PYTHON_ONLY]
 
 
 def wheelhouse_key(requirements: Sequence[str], python: str, machine: str) -> str:
