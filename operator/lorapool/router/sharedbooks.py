@@ -58,45 +58,56 @@ LINGER_S = 0.005
 # A claim waits at most this long (or the store's deadline, if shorter): past it the bind stands.
 CLAIM_DEADLINE_S = 0.02
 
-# KEYS[1] the pool's entries (hash), KEYS[2] their expiries (sorted set); ARGV: the entry, the TTL in
-# ms, the channel, the router. The expiry is on the store's clock (TIME), never a router's.
-WRITE = """
+# Every script's keys: KEYS[1] the pool's entries (hash, by router), KEYS[2] their expiries (sorted set).
+# The prelude reads the store's clock (an expiry is on it, never a router's) and defines what the
+# scripts share: ``prune`` drops the entries whose expiry passed (HDEL and ZREM together), ``store``
+# keeps a router's entry for ``ttl`` ms and publishes it on the pool's channel.
+PRELUDE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ttl = tonumber(ARGV[2])
-redis.call('HSET', KEYS[1], ARGV[4], ARGV[1])
-redis.call('ZADD', KEYS[2], now + ttl, ARGV[4])
-redis.call('PEXPIRE', KEYS[1], ttl * 4)
-redis.call('PEXPIRE', KEYS[2], ttl * 4)
-redis.call('PUBLISH', ARGV[3], ARGV[1])
+local function prune()
+  local dead = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
+  if #dead > 0 then
+    redis.call('HDEL', KEYS[1], unpack(dead))
+    redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  end
+end
+local function store(router, entry, ttl, channel)
+  redis.call('HSET', KEYS[1], router, entry)
+  redis.call('ZADD', KEYS[2], now + ttl, router)
+  redis.call('PEXPIRE', KEYS[1], ttl * 4)
+  redis.call('PEXPIRE', KEYS[2], ttl * 4)
+  redis.call('PUBLISH', channel, entry)
+end
+"""
+
+# ARGV: the entry, the TTL in ms, the channel, the router.
+WRITE = (
+    PRELUDE
+    + """
+store(ARGV[4], ARGV[1], tonumber(ARGV[2]), ARGV[3])
 return now
 """
+)
 
-# KEYS as WRITE's. Drops the entries whose expiry passed (HDEL and ZREM together), returns the live ones.
-READ = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local dead = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
-if #dead > 0 then
-  redis.call('HDEL', KEYS[1], unpack(dead))
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-end
+# The live entries, after dropping those whose expiry passed.
+READ = (
+    PRELUDE
+    + """
+prune()
 return redis.call('HVALS', KEYS[1])
 """
+)
 
-# KEYS as WRITE's; ARGV: the router, the backend, the adapter, the backend's LoRA slots, this router's
-# other adapters there (JSON list), the TTL in ms, the channel, the router's entry with the new request.
-# The slot is free when the adapter is already running there or fewer distinct adapters than the
-# slots run there (this router's and every live peer's): then the entry is stored and published
-# (WRITE's effect) and {1} returned, else {0, the peers' entries} for the caller to decide again on.
-CLAIM = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local dead = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
-if #dead > 0 then
-  redis.call('HDEL', KEYS[1], unpack(dead))
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-end
+# ARGV: the router, the backend, the adapter, the backend's LoRA slots, this router's other adapters
+# there (JSON list), the TTL in ms, the channel, the router's entry with the new request. The slot is
+# free when the adapter is already running there or fewer distinct adapters than the slots run there
+# (this router's and every live peer's): then the entry is stored and published (WRITE's effect) and
+# {1} returned, else {0, the peers' entries} for the caller to decide again on.
+CLAIM = (
+    PRELUDE
+    + """
+prune()
 local taken, n = {}, 0
 for _, a in ipairs(cjson.decode(ARGV[5])) do
   if not taken[a] then taken[a] = true; n = n + 1 end
@@ -118,19 +129,15 @@ for i = 1, #all, 2 do
   end
 end
 if taken[ARGV[3]] or n < tonumber(ARGV[4]) then
-  local ttl = tonumber(ARGV[6])
-  redis.call('HSET', KEYS[1], ARGV[1], ARGV[8])
-  redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
-  redis.call('PEXPIRE', KEYS[1], ttl * 4)
-  redis.call('PEXPIRE', KEYS[2], ttl * 4)
-  redis.call('PUBLISH', ARGV[7], ARGV[8])
+  store(ARGV[1], ARGV[8], tonumber(ARGV[6]), ARGV[7])
   return {1}
 end
 table.insert(others, 1, 0)
 return others
 """
+)
 
-# KEYS as WRITE's; ARGV[1] the router. A router that stops takes its entry out at once.
+# ARGV[1] the router. A router that stops takes its entry out at once.
 REMOVE = """
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
@@ -231,8 +238,8 @@ class SharedBooks:
                 while not stop.is_set():
                     message = await pubsub.get_message(timeout=self.interval_s)
                     entry = decode(message["data"]) if message is not None else None
-                    if entry is not None and self.peers.update(entry, self.clock()) | self.peers.has_service():
-                        self.scheduler.peers_changed()
+                    if entry is not None:
+                        self._fold(self.peers.update(entry, self.clock()))
             except (RedisError, OSError, TimeoutError) as exc:
                 self.telemetry.shared_books_errors.labels("subscribe").inc()
                 log.debug("Shared books subscription lost", extra={"kv": {"error": _reason(exc)}})
@@ -275,8 +282,7 @@ class SharedBooks:
         for raw in answer[1:]:
             entry_ = decode(raw)
             changed = (entry_ is not None and self.peers.update(entry_, now)) or changed
-        if changed or self.peers.has_service():
-            self.scheduler.peers_changed()
+        self._fold(changed)
         return False
 
     async def resync(self) -> bool:
@@ -294,10 +300,14 @@ class SharedBooks:
             changed = self.peers.replace_all(entries, now)
         else:
             changed = self.peers.expire(now)
-        if changed or self.peers.has_service():
-            self.scheduler.peers_changed()
+        self._fold(changed)
         self._set_state(self.state.up, self.state.error)
         return answered
+
+    def _fold(self, changed: bool) -> None:
+        """Tell the scheduler when the peers' books changed or brought fair dispatch service to add."""
+        if changed or self.peers.has_service():
+            self.scheduler.peers_changed()
 
     async def _call(self, op: str, call: Callable[[], Awaitable[Any]]) -> bool:
         started = self.clock()
